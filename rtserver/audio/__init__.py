@@ -1,0 +1,1 @@
+"""Audio: PCM chunks, resampling, Opus framing."""

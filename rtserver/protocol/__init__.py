@@ -1,0 +1,1 @@
+"""The wire contract of PROTOCOL.md: typed messages, binary frames, session."""

@@ -1,0 +1,1 @@
+"""Voices: model adapters that turn a text segment into PCM chunks."""

@@ -1,0 +1,51 @@
+"""The narrow interface between the pipeline and a voice family."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from rtserver.audio.pcm import PcmChunk
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceInfo:
+    """What ``ready.voices`` and ``GET /v1/voices`` say about a voice."""
+
+    name: str
+    family: str  # "piper" | "orpheus" | "chattts"
+    sample_rate: int  # native output rate in Hz
+    language: str = "en"
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisRequest:
+    """One segment to speak.
+
+    ``first`` marks the first segment of a context: engines schedule it ahead
+    of later segments (it decides TTFA). ``request_id`` is unique per server.
+    """
+
+    text: str
+    request_id: str
+    first: bool = False
+
+
+class Voice(Protocol):
+    """A loaded voice. ``synthesize`` streams the segment's PCM in order.
+
+    Cancelling the consuming task (or ``aclose()`` on the iterator) must stop
+    the work for that request promptly and free what it holds; a failure
+    raises ``rtserver.errors.EngineFailed`` and touches no other request.
+    """
+
+    @property
+    def info(self) -> VoiceInfo: ...
+
+    async def warm_up(self) -> None: ...
+
+    def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]: ...
+
+    async def close(self) -> None: ...
