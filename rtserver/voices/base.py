@@ -31,6 +31,9 @@ class SynthesisRequest:
     text: str
     request_id: str
     first: bool = False
+    # When the listener will need this audio, on the ``time.monotonic()`` clock;
+    # voices that queue work serve the earliest deadline first. None: now.
+    deadline: float | None = None
 
 
 class Voice(Protocol):

@@ -1,0 +1,141 @@
+"""Command line: ``rtserver serve | say | voices | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import wave
+from pathlib import Path
+from typing import Any
+
+from rtserver.config import Config, load_config
+from rtserver.errors import ConfigError, RtError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file")
+    p.add_argument("--voice", help="default voice: piper:en_US-joe-medium (embedded), a "
+                   "path to a Piper .onnx, or orpheus:<speaker>")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _config(args: argparse.Namespace, **flags: Any) -> Config:
+    flags.update({"voice.default": args.voice, "server.log_level": args.log_level})
+    return load_config(args.config, flags=flags)
+
+
+def _setup_logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is a dependency; keep working without it anyway
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rtserver.server.app import serve_forever
+
+    config = _config(args, **{"server.host": args.host, "server.port": args.port})
+    _setup_logging(config.server.log_level)
+    _run(serve_forever(config))
+    return 0
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    """One-shot synthesis through the same pipeline as the server, to a WAV file."""
+    from rtserver.oneshot import synthesize_to_pcm
+
+    config = _config(args)
+    _setup_logging(config.server.log_level or "warning")
+    text = args.text if args.text != "-" else sys.stdin.read()
+    result = _run(synthesize_to_pcm(config, text, sample_rate=args.sample_rate,
+                                    progress=lambda m: print(f"rtserver: {m}",
+                                                             file=sys.stderr)))
+    out = Path(args.output)
+    with wave.open(str(out), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(args.sample_rate)
+        w.writeframes(result.pcm_s16le)
+    print(f"wrote {out}: {result.audio_ms / 1000:.2f} s of audio, {len(result.segments)} "
+          f"segment(s), voice {result.voice}", file=sys.stderr)
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace) -> int:
+    from rtserver.voices.registry import load_voices
+
+    config = _config(args)
+
+    async def list_voices() -> list[dict[str, object]]:
+        vs = await load_voices(config, progress=lambda m: None)
+        try:
+            return [{"name": n, "family": v.info.family, "sample_rate": v.info.sample_rate,
+                     "language": v.info.language, "default": n == vs.default}
+                    for n, v in vs.voices.items()]
+        finally:
+            await vs.close()
+
+    for v in _run(list_voices()):
+        print(json.dumps(v))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from bench.__main__ import main as bench_main
+
+    return int(bench_main(rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtserver", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run the streaming server")
+    _add_common(p)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p = sub.add_parser("say", help="synthesize text to a WAV file through the pipeline")
+    _add_common(p)
+    p.add_argument("text", help="text to speak ('-' reads standard input)")
+    p.add_argument("-o", "--output", required=True, help="WAV file to write")
+    p.add_argument("--sample-rate", type=int, default=24000,
+                   choices=[8000, 12000, 16000, 24000, 48000])
+    p = sub.add_parser("voices", help="list the configured voices")
+    _add_common(p)
+    sub.add_parser("bench", help="run the benchmark harness (see: rtserver bench --help)",
+                   add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        return cmd_bench(argparse.Namespace(), argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "say":
+            return cmd_say(args)
+        return cmd_voices(args)
+    except ConfigError as exc:
+        print(f"rtserver: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except RtError as exc:
+        print(f"rtserver: {exc.code.value}: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

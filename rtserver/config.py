@@ -1,0 +1,190 @@
+"""One frozen configuration, built once: defaults < file < RTSERVER_* env < flags.
+
+Sections are frozen dataclasses. A file is TOML with one table per section
+(``[server]``, ``[voice]``, ...). An environment variable names section and
+field, ``RTSERVER_SERVER_PORT=9000``; flags arrive as a mapping of
+``"section.field"`` to values. Every value is checked against its field's type;
+a bad one raises ``ConfigError`` naming where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rtserver.audio.opus import OpusConfig
+from rtserver.errors import ConfigError
+from rtserver.pacing.hints import HintConfig
+from rtserver.text.segmenter import SegmenterConfig
+
+ENV_PREFIX = "RTSERVER_"
+DEFAULT_VOICE = "piper:en_US-joe-medium"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    # Keys accepted as Bearer tokens or ?token=; empty means no auth.
+    api_keys: tuple[str, ...] = ()
+    # Allowed Origin headers for browsers; empty allows any (and none).
+    origins: tuple[str, ...] = ()
+    max_message_bytes: int = 65536
+    # Characters a context may receive in total (protects memory; a long chat
+    # reply is ~5,000 characters).
+    max_text_chars: int = 50_000
+    max_contexts: int = 8
+    max_connections: int = 10_000
+    # Audio queued per connection before its producers wait (backpressure).
+    send_queue_ms: int = 10_000
+    # A send blocked this long means the client stopped reading: overloaded.
+    overload_after_s: float = 10.0
+    # Kernel send buffer per connection, bytes; 0 keeps the OS default.
+    socket_send_buffer: int = 0
+    drain_timeout_s: float = 10.0
+    ping_interval_s: float = 20.0
+    web_root: str = ""  # empty: the packaged web_demo/ folder
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceConfig:
+    # The default voice: "piper:<name>" for the embedded voice, a path to an
+    # .onnx file (its .onnx.json beside it), or "orpheus:<speaker>".
+    default: str = DEFAULT_VOICE
+    # Extra voices to load at start-up (same forms as ``default``).
+    extra: tuple[str, ...] = ()
+    # Synthesis threads for CPU voices; 0 means one per core.
+    threads: int = 0
+    # onnxruntime intra-op threads per synthesis call.
+    intra_op_threads: int = 1
+    # Orpheus: local HF Llama dir and SNAC dir, or random weights.
+    orpheus_model_dir: str = ""
+    orpheus_snac_dir: str = ""
+    orpheus_dummy_weights: bool = False
+    orpheus_shape: str = "3b"  # with dummy weights: "3b" or "tiny"
+    device: str = "auto"  # "cpu", "cuda", "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    voice: VoiceConfig = field(default_factory=VoiceConfig)
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+    hints: HintConfig = field(default_factory=HintConfig)
+    opus: OpusConfig = field(default_factory=OpusConfig)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert ``value`` (from TOML, env text or a flag) to the field's type."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none")):
+            return None
+        return _coerce(value, args[0], where)
+    if origin is tuple:
+        (item,) = typing.get_args(hint)[:1]
+        items = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) \
+            else list(value)
+        return tuple(_coerce(i, item, where) for i in items)
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if hint is int and not isinstance(value, bool):
+            return int(value)
+        if hint is float and not isinstance(value, bool):
+            return float(value)
+        if hint is str:
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        if hint in (bool, int, float, str):
+            raise ConfigError(f"{where}: {value!r} is not a {hint.__name__}")
+    raise ConfigError(f"{where}: {value!r} is not a {getattr(hint, '__name__', hint)}")
+
+
+def _apply(section: Any, values: Mapping[str, Any], source: str) -> Any:
+    hints = typing.get_type_hints(type(section))
+    names = {f.name for f in dataclasses.fields(section)}
+    changes = {}
+    for key, raw in values.items():
+        if key not in names:
+            raise ConfigError(f"{source}: unknown setting '{key}'")
+        changes[key] = _coerce(raw, hints[key], f"{source} {key}")
+    return dataclasses.replace(section, **changes) if changes else section
+
+
+def load_config(
+    file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the one Config. ``env`` defaults to ``os.environ``."""
+    env = os.environ if env is None else env
+    layers: list[tuple[str, dict[str, dict[str, Any]]]] = []
+    if file is not None:
+        path = Path(file)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        layers.append((f"config file {path}", data))
+    sections = {f.name for f in dataclasses.fields(Config)}
+    from_env: dict[str, dict[str, Any]] = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        rest = key[len(ENV_PREFIX):].lower()
+        section, _, name = rest.partition("_")
+        if section not in sections or not name:
+            continue  # RTSERVER_* variables of other tools are not ours
+        from_env.setdefault(section, {})[name] = value
+    layers.append(("environment RTSERVER_*", from_env))
+    from_flags: dict[str, dict[str, Any]] = {}
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        section, _, name = key.partition(".")
+        from_flags.setdefault(section, {})[name] = value
+    layers.append(("command line", from_flags))
+
+    config = Config()
+    for source, data in layers:
+        for section_name, values in data.items():
+            if section_name not in sections:
+                raise ConfigError(f"{source}: unknown section '{section_name}'")
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{source}: section '{section_name}' must be a table")
+            current = getattr(config, section_name)
+            config = dataclasses.replace(
+                config, **{section_name: _apply(current, values, f"{source} [{section_name}]")}
+            )
+    _validate(config)
+    return config
+
+
+def _validate(config: Config) -> None:
+    s = config.server
+    if not 0 <= s.port <= 65535:
+        raise ConfigError(f"server.port {s.port} is out of range")
+    for name in ("max_message_bytes", "max_text_chars", "max_contexts", "send_queue_ms"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"server.{name} must be > 0")
+    if s.overload_after_s <= 0:
+        raise ConfigError("server.overload_after_s must be > 0")

@@ -1,0 +1,42 @@
+"""Prometheus metrics, one registry per server (tests build their own)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# TTFA buckets in ms: dense below 100 ms where the goals are (DESIGN.md).
+TTFA_BUCKETS_MS = (10, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 500, 1000, 2000, 5000)
+RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+
+
+class Metrics:
+    """The server's metrics; ``render()`` gives the /metrics body."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.ttfa_ms = Histogram("rtserver_ttfa_ms", "Time to first audio per context, ms",
+                                 ["voice"], buckets=TTFA_BUCKETS_MS, registry=r)
+        self.rtf = Histogram("rtserver_rtf", "Generation time over audio time per segment",
+                             ["voice"], buckets=RTF_BUCKETS, registry=r)
+        self.connections = Gauge("rtserver_active_connections", "Open WebSocket connections",
+                                 registry=r)
+        self.contexts = Gauge("rtserver_active_contexts", "Contexts being spoken", registry=r)
+        self.audio_seconds = Counter("rtserver_audio_seconds_total", "Audio sent, seconds",
+                                     ["voice"], registry=r)
+        self.errors = Counter("rtserver_errors_total", "Errors sent to clients, by code",
+                              ["code"], registry=r)
+        self.contexts_total = Counter("rtserver_contexts_total", "Contexts finished, by outcome",
+                                      ["outcome"], registry=r)
+        self.queue_ms = Histogram("rtserver_send_queue_ms",
+                                  "Audio waiting in a connection's send queue when a message "
+                                  "is sent, ms", buckets=(0, 20, 100, 500, 1000, 2000, 5000,
+                                                          10000), registry=r)
+        self.queued_ms = Gauge("rtserver_send_queue_audio_ms",
+                               "Audio queued in all send queues now, ms", registry=r)
+
+    def observe_rtf(self, voice: str, rtf: float) -> None:
+        self.rtf.labels(voice).observe(rtf)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,224 @@
+"""One context's pipeline: text -> segments -> voice -> resample -> frames -> outbox.
+
+Two coroutines run in the connection's task group per context:
+``segment_loop`` owns the segmenter (its first-segment timer included) and
+``speak_loop`` synthesizes segments in order, frames their audio and queues
+it. Cancelling the context's tasks stops both at once; the connection then
+fences it (see ``rtserver.server.outbox``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rtserver.audio.framer import Framer
+from rtserver.audio.opus import OpusConfig, OpusFramer
+from rtserver.audio.framer import PcmS16Framer
+from rtserver.audio.resample import Resampler
+from rtserver.errors import EngineFailed, RtError
+from rtserver.metrics import Metrics
+from rtserver.pacing.hints import HintConfig, RtfTracker, ahead_ms, prebuffer_ms
+from rtserver.protocol.messages import BufferHint, Done, SegmentStarted, Start
+from rtserver.server.outbox import ContextLedger, Outbox
+from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
+from rtserver.voices.base import SynthesisRequest, Voice
+
+log = logging.getLogger("rtserver.context")
+_request_ids = itertools.count()
+
+# Until the first measurement of a voice, assume this many ms of audio per
+# character of text (English at ~15 characters per second of speech).
+DEFAULT_AUDIO_MS_PER_CHAR = 65.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    kind: str  # "text" | "flush" | "end"
+    text: str = ""
+
+
+@dataclass(slots=True)
+class VoiceStats:
+    """Measured behaviour of one voice, shared by its contexts."""
+
+    rtf: RtfTracker
+    audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
+
+    def observe_segment(self, chars: int, audio_ms: float, gen_s: float) -> None:
+        if audio_ms <= 0:
+            return
+        self.rtf.observe(gen_s, audio_ms / 1000.0)
+        if chars > 0:  # exponential average, weight 0.1 per segment
+            self.audio_ms_per_char += 0.1 * (audio_ms / chars - self.audio_ms_per_char)
+
+
+@dataclass
+class ContextPipeline:
+    context: str
+    start: Start
+    voice: Voice
+    ledger: ContextLedger
+    outbox: Outbox
+    voice_stats: VoiceStats
+    segmenter_config: SegmenterConfig
+    hint_config: HintConfig
+    opus_config: OpusConfig
+    metrics: Metrics
+    clock: Callable[[], float] = time.monotonic
+    _inputs: asyncio.Queue[_Input] = field(default_factory=asyncio.Queue)
+    _segments: asyncio.Queue[Segment | None] = field(default_factory=asyncio.Queue)
+    first_segment_at: float | None = None
+    chars_in: int = 0
+    audio_samples: int = 0
+    frames_out: int = 0
+    spoken: list[str] = field(default_factory=list)
+    _framer: Framer | None = None
+
+    # --- input from the connection (never blocks) ---------------------------
+
+    def feed(self, text: str) -> None:
+        self.chars_in += len(text)
+        self._inputs.put_nowait(_Input("text", text))
+
+    def flush(self) -> None:
+        self._inputs.put_nowait(_Input("flush"))
+
+    def end(self) -> None:
+        self._inputs.put_nowait(_Input("end"))
+
+    def make_framer(self) -> Framer:
+        if self._framer is None:
+            if self.start.format == "opus":
+                self._framer = OpusFramer(self.start.sample_rate, self.start.frame_ms,
+                                          config=self.opus_config)
+            else:
+                self._framer = PcmS16Framer(self.start.sample_rate, self.start.frame_ms)
+        return self._framer
+
+    # --- the two loops ---------------------------------------------------------
+
+    async def segment_loop(self) -> None:
+        segmenter = Segmenter(self.segmenter_config)
+        while True:
+            deadline = segmenter.deadline()
+            try:
+                if deadline is None:
+                    item = await self._inputs.get()
+                else:
+                    timeout = max(0.0, deadline - self.clock())
+                    item = await asyncio.wait_for(self._inputs.get(), timeout)
+            except TimeoutError:
+                self._emit(segmenter.poll(self.clock()))
+                continue
+            now = self.clock()
+            if item.kind == "text":
+                self._emit(segmenter.feed(item.text, now))
+            elif item.kind == "flush":
+                self._emit(segmenter.flush(now))
+            else:
+                self._emit(segmenter.end(now))
+                self._segments.put_nowait(None)
+                return
+
+    def _emit(self, segments: list[Segment]) -> None:
+        for seg in segments:
+            if self.first_segment_at is None:
+                self.first_segment_at = self.clock()
+            self._segments.put_nowait(seg)
+
+    async def speak_loop(self) -> None:
+        framer = self.make_framer()
+        resampler: Resampler | None = None
+        pending_start = False  # a segment began; its first frame carries the flag
+        while True:
+            seg = await self._segments.get()
+            if seg is None:
+                break
+            if resampler is None:
+                resampler = Resampler(self.voice.info.sample_rate, self.start.sample_rate)
+            self.outbox.put_control(SegmentStarted(
+                context=self.context, index=seg.index, text=seg.text, source=seg.source,
+                seq=self.ledger.next_seq), self.context)
+            pending_start = True
+            if seg.index == 0 or self.ledger.first_sent_at is None:
+                self._send_hint(seg, first_chunk_ms=None)
+            request = SynthesisRequest(
+                text=seg.text, request_id=f"{self.context}-{next(_request_ids)}",
+                first=seg.index == 0, deadline=self._deadline())
+            began = self.clock()
+            seg_samples = 0
+            try:
+                async for chunk in self.voice.synthesize(request):
+                    seg_samples += len(chunk.samples)
+                    pcm = resampler.process(chunk.samples)
+                    frames = framer.push(pcm)
+                    if frames:
+                        await self._put(frames, segment_start=pending_start, last=False)
+                        pending_start = False
+            except RtError:
+                raise
+            except Exception as exc:  # a voice bug fails this context only
+                raise EngineFailed(f"voice failed: {exc}", context=self.context) from exc
+            gen_s = self.clock() - began
+            audio_ms = 1000.0 * seg_samples / self.voice.info.sample_rate
+            self.voice_stats.observe_segment(len(seg.text), audio_ms, gen_s)
+            self.metrics.observe_rtf(self.voice.info.name, gen_s * 1000.0 / audio_ms
+                                     if audio_ms else 0.0)
+            self.audio_samples += seg_samples
+            self.spoken.append(seg.text)
+        tail: list[bytes] = []
+        if resampler is not None:
+            tail.extend(framer.push(resampler.flush()))
+        tail.extend(framer.finish())
+        if tail:
+            await self._put(tail, segment_start=pending_start, last=True)
+        self.outbox.put_deferred(self._done_message, self.context)
+
+    async def _put(self, frames: list[bytes], *, segment_start: bool, last: bool) -> None:
+        self.frames_out += len(frames)
+        await self.outbox.put_audio(self.ledger, frames, segment_start=segment_start, last=last)
+
+    # --- hints -----------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        """When the listener needs the next audio: start of play + audio queued."""
+        sent = self.ledger.first_sent_at
+        if sent is None:
+            return self.clock()
+        return sent + self.ledger.next_seq * self.start.frame_ms / 1000.0
+
+    def _send_hint(self, seg: Segment, first_chunk_ms: float | None) -> None:
+        stats = self.voice_stats
+        rtf = stats.rtf.percentile(self.hint_config.percentile)
+        first_ms = first_chunk_ms or len(seg.text) * stats.audio_ms_per_char
+        # Later segments are unknown yet: plan for typical full sentences.
+        later_ms = self.segmenter_config.max_chars * 0.5 * stats.audio_ms_per_char
+        chunks = [first_ms, *([later_ms] * 3)]
+        hint = prebuffer_ms(rtf, chunks, self.hint_config.jitter_ms)
+        elapsed = 0.0
+        if self.ledger.first_sent_at is not None:
+            elapsed = 1000.0 * (self.clock() - self.ledger.first_sent_at)
+        self.outbox.put_control(BufferHint(
+            context=self.context, prebuffer_ms=round(hint, 1), rtf=round(rtf, 4),
+            ahead_ms=round(ahead_ms(self.ledger.next_seq * self.start.frame_ms, elapsed), 1)),
+            self.context)
+
+    # --- the end -----------------------------------------------------------------
+
+    def ttfa_ms(self) -> float | None:
+        if self.first_segment_at is None or self.ledger.first_sent_at is None:
+            return None
+        return max(0.0, 1000.0 * (self.ledger.first_sent_at - self.first_segment_at))
+
+    def _done_message(self) -> Done:
+        return Done(
+            context=self.context, frames=self.ledger.next_seq,
+            audio_ms=float(self.ledger.next_seq * self.start.frame_ms),
+            ttfa_ms=None if (t := self.ttfa_ms()) is None else round(t, 2),
+            spoken_text=" ".join(self.spoken))
+

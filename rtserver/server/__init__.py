@@ -1,0 +1,1 @@
+"""The asyncio shell: websockets server, HTTP endpoints, per-connection tasks."""

@@ -1,0 +1,117 @@
+"""Start, serve and drain: the server's life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+
+from rtserver.config import Config
+from rtserver.errors import CloseCode
+from rtserver.server.connection import Connection
+from rtserver.server.http import HttpRoutes
+from rtserver.server.state import AppState
+from rtserver.voices.registry import VoiceSet, load_voices
+
+log = logging.getLogger("rtserver.server")
+
+
+class RtServer:
+    """A running server: ``await start()``, ``await drain()``, ``port``."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.voice_set: VoiceSet | None = None
+        self.app: AppState | None = None
+        self._server: Server | None = None
+        self._connections: set[Connection] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        sock = next(iter(self._server.sockets))
+        return int(sock.getsockname()[1])
+
+    async def start(self, *, progress: Callable[[str], None] | None = None) -> None:
+        """Load and warm the voices, then listen; ``/ready`` turns 200 at the end."""
+        say = progress or (lambda msg: log.info("%s", msg))
+        self.voice_set = await load_voices(self.config, progress=say)
+        self.app = AppState(config=self.config, voices=self.voice_set.voices,
+                            default_voice=self.voice_set.default)
+        s = self.config.server
+        self._server = await serve(
+            self._handle, s.host, s.port, compression=None,
+            max_size=s.max_message_bytes, process_request=HttpRoutes(self.app),
+            ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_interval_s or None,
+            close_timeout=5, server_header=None)
+        for sock in self._server.sockets:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        say(f"warming up {len(self.app.voices)} voice(s)")
+        await self.voice_set.warm_up()
+        self.app.ready = True
+        say(f"ready on ws://{s.host}:{self.port}/v1/stream")
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        assert self.app is not None
+        s = self.config.server
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if s.socket_send_buffer:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer)
+        conn = Connection(ws, self.app)
+        self._connections.add(conn)
+        self.app.connections += 1
+        try:
+            await conn.run()
+        finally:
+            self.app.connections -= 1
+            self._connections.discard(conn)
+
+    async def drain(self) -> None:
+        """Stop taking connections, let contexts finish, then close with 1001."""
+        if self.app is None or self._server is None:
+            return
+        self.app.draining = True
+        self._server.close(close_connections=False)
+        deadline = asyncio.get_running_loop().time() + self.config.server.drain_timeout_s
+        while any(c.live for c in self._connections):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        for conn in list(self._connections):
+            with contextlib.suppress(Exception):
+                await conn.ws.close(CloseCode.GOING_AWAY, "server going away")
+        await self._server.wait_closed()
+        if self.voice_set is not None:
+            await self.voice_set.close()
+
+    async def close(self) -> None:
+        """Close at once (tests)."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self.voice_set is not None:
+            await self.voice_set.close()
+
+
+async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaitable[None]]
+                        | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then drain."""
+    server = RtServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await server.start(progress=lambda m: print(f"rtserver: {m}", flush=True))
+    if on_ready is not None:
+        await on_ready(server)
+    await stop.wait()
+    print("rtserver: draining", flush=True)
+    await server.drain()

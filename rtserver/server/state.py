@@ -1,0 +1,53 @@
+"""What every connection of one server shares: config, voices, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rtserver import __version__
+from rtserver.config import Config
+from rtserver.metrics import Metrics
+from rtserver.pacing.hints import RtfTracker
+from rtserver.pipeline import VoiceStats
+from rtserver.protocol.messages import Limits, Ready
+from rtserver.voices.base import Voice
+
+
+@dataclass
+class AppState:
+    config: Config
+    voices: dict[str, Voice]
+    default_voice: str
+    metrics: Metrics = field(default_factory=Metrics)
+    voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
+    voice_aliases: dict[str, str] = field(default_factory=dict)
+    ready: bool = False
+    draining: bool = False
+    connections: int = 0
+
+    def __post_init__(self) -> None:
+        for name in self.voices:
+            self.voice_stats.setdefault(name, VoiceStats(rtf=RtfTracker(self.config.hints)))
+        # short names: "en_US-joe-medium" for "piper:en_US-joe-medium", "default"
+        self.voice_aliases.setdefault("default", self.default_voice)
+        for name in self.voices:
+            _, _, short = name.partition(":")
+            if short and short not in self.voices:
+                self.voice_aliases.setdefault(short, name)
+
+    def ready_message(self) -> Ready:
+        s = self.config.server
+        return Ready(
+            server=f"rtserver/{__version__}", voices=tuple(self.voices),
+            default_voice=self.default_voice,
+            limits=Limits(max_message_bytes=s.max_message_bytes,
+                          max_text_chars=s.max_text_chars, max_contexts=s.max_contexts))
+
+    def voices_json(self) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        for name, voice in self.voices.items():
+            info = voice.info
+            out.append({"name": name, "family": info.family, "sample_rate": info.sample_rate,
+                        "language": info.language, "description": info.description,
+                        "default": name == self.default_voice})
+        return out

