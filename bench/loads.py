@@ -52,7 +52,8 @@ class LoadConfig:
     tokens_per_s: float = 40.0  # a typical chat LLM's output rate
     jitter: float = 0.3  # coefficient of variation of the gaps between fragments
     think_s: tuple[float, float] = (0.5, 1.5)  # conversation: pause after listening
-    bargein_after_s: tuple[float, float] = (0.3, 1.2)  # cancel this long after first audio
+    bargein_after_s: tuple[float, float] = (0.2, 1.0)  # cancel this long after first audio
+    bargein_min_chars: int = 100  # barge-in turns speak long replies, to be cut mid-way
     lang: str = "en"
     tags: tuple[str, ...] = ()
     voice: str | None = None
@@ -73,7 +74,10 @@ class TurnPlan:
 
 def plan_turn(cfg: LoadConfig, rng: random.Random, kind: str) -> TurnPlan:
     """One turn's text and send schedule (pure, decided by ``rng``)."""
-    utt = rng.choice(select(cfg.lang, cfg.tags))
+    pool = select(cfg.lang, cfg.tags)
+    if kind == "bargein":
+        pool = tuple(u for u in pool if len(u.text) >= cfg.bargein_min_chars) or pool
+    utt = rng.choice(pool)
     mode = "whole" if kind == "whole" else cfg.fragment
     frags = fragments(utt.text, mode)
     offsets = token_offsets(len(frags), cfg.tokens_per_s, cfg.jitter, rng)
@@ -121,10 +125,14 @@ async def run_turn(client: RtClient, plan: TurnPlan, cfg: LoadConfig) -> Sample:
         await ctx.end()
 
     async def cancel_at(at: float) -> None:
+        """The user talks over the reply ``cancel_after_s`` into its audio: cancel,
+        unless every frame has come and the user has heard it all by then."""
         delay = at - clock()
         if delay > 0:
             await asyncio.sleep(delay)
-        if not ctx.finished:
+        heard_all = sum(n for _, _, n in arrivals) * ctx.frame_ms <= (
+            (plan.cancel_after_s or 0.0) * 1000.0)
+        if not (ctx.finished and heard_all):
             await ctx.cancel()
 
     sender = asyncio.create_task(send())
@@ -143,8 +151,8 @@ async def run_turn(client: RtClient, plan: TurnPlan, cfg: LoadConfig) -> Sample:
     for task in (sender, canceller):
         if task is None:
             continue
-        if not task.done():
-            task.cancel()
+        if failure is not None or task is sender:
+            task.cancel()  # the sender has nothing left to do once the context ended
         try:
             await task
         except (asyncio.CancelledError, RtClientError, TimeoutError) as exc:

@@ -51,7 +51,7 @@ class TurnRecord:
     """What the client saw of one context (times in seconds, one clock)."""
 
     text: str  # every fragment sent, joined
-    frame_ms: int
+    frame_ms: float
     text_sent: tuple[tuple[float, int, int], ...]  # (time, start, end) per fragment
     flushes: tuple[tuple[float, int], ...] = ()  # (time, characters sent before it)
     end_sent_at: float | None = None
