@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench import report
 from bench.corpus import CORPUS, fragments, llm_tokens, token_offsets, words
 from bench.listener import ListenerConfig, simulate
 from bench.measure import TurnRecord, analyze, completing_send
@@ -245,3 +246,62 @@ def test_token_offsets_are_reproducible_and_average_the_rate() -> None:
     assert all(y > x for x, y in itertools.pairwise(a))
     assert a[-1] / 2000 == pytest.approx(1 / 40, rel=0.05)
     assert token_offsets(3, 10.0, 0.0, random.Random(1)) == pytest.approx([0.0, 0.1, 0.2])
+
+
+# --- capacity and the report ------------------------------------------------------------
+
+def _samples(level: int, ttfa: list[float], underruns: int = 0, errors: int = 0
+             ) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = [
+        {"system": "rtserver", "run": "sweep", "load": "stream/word", "level": level,
+         "kind": "stream", "outcome": "done", "ttfa_ms": t, "ttfa_first_text_ms": t + 100,
+         "frames": 50, "audio_ms": 1000, "underruns": 0, "stalled_ms": 0.0} for t in ttfa]
+    for s in out[:underruns]:
+        s["underruns"] = 1
+        s["stalled_ms"] = 40.0
+    out += [{"system": "rtserver", "run": "sweep", "load": "stream/word", "level": level,
+             "kind": "stream", "outcome": "error", "error": "overloaded"}] * errors
+    return out
+
+
+def test_capacity_is_the_last_level_before_the_first_failure() -> None:
+    samples = (_samples(1, [40, 45, 50]) + _samples(4, [50, 60, 70])
+               + _samples(8, [60, 80, 400])  # p99 over the bound
+               + _samples(16, [70, 80, 90]))  # passes again: reported, not counted
+    rows = report.aggregate(samples)
+    (cap,) = report.capacity(rows, ttfa_p99_ms=150)
+    assert (cap.streams, cap.highest_passing, cap.first_failing) == (4, 16, 8.0)
+    assert "TTFA p99" in cap.why_failing
+    text = report.markdown(_results(), rows, [cap])
+    assert "4 concurrent real-time streams with TTFA p99 under 150 ms" in text
+    assert "| 8 | 3 | 80 |" in text  # level, contexts, p50
+
+
+def test_an_underrun_or_an_error_fails_a_level() -> None:
+    rows = report.aggregate(_samples(1, [10, 10]) + _samples(2, [10, 10], underruns=1)
+                            + _samples(4, [10], errors=1))
+    assert [report.passes(r, 100) for r in rows] == [True, False, False]
+    (cap,) = report.capacity(rows, 100)
+    assert cap.streams == 1
+    assert "1/2 contexts underran" in cap.why_failing
+    assert rows[2].stats["errors"] == 1 and rows[2].stats["error_codes"] == ["overloaded"]
+
+
+def test_baseline_ratios_pair_levels() -> None:
+    rt = _samples(1, [50, 50])
+    base = [{**s, "system": "baseline", "ttfa_ms": 500.0, "ttfa_first_text_ms": 1500.0}
+            for s in rt]
+    (line,) = report.ratios(report.aggregate(rt + base))
+    assert line[:2] == ["stream/word", "1"]
+    assert line[3] == "10.0×" and line[5] == "10.0×"
+
+
+def _results() -> dict[str, object]:
+    return {"meta": {"date": "d", "machine": {"cpu": "c", "cores": 2, "memory_gib": 1.0,
+                                              "os": "o"},
+                     "versions": {"python": "3"}, "server": "s", "voice": "v",
+                     "command": "python -m bench", "notes": []},
+            "config": {"seed": "0", "duration_s": 1.0, "fragment": "word",
+                       "tokens_per_s": 40.0, "jitter": 0.3, "format": "opus",
+                       "sample_rate": 48000, "frame_ms": 20},
+            "steps": []}
