@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: real servers on loopback, tiny checkpoints."""

@@ -1,0 +1,53 @@
+"""A client that stops reading slows only itself, then is told `overloaded`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from rtserver.client import RtClient
+from rtserver.testing.server_thread import ServerThread
+
+LONG = " ".join(["A stalled listener must not slow anyone else down at all."] * 20)
+
+
+async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> None:
+    srv = ServerThread.with_settings(server={
+        "overload_after_s": 1.0, "send_queue_ms": 2000, "socket_send_buffer": 16384,
+    }).start()
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        async with connect(srv.url, sock=sock, compression=None, max_size=None,
+                           max_queue=1) as stalled:
+            await stalled.recv()  # ready
+            # PCM at 48 kHz is 96 kB per second of audio: buffers fill at once
+            await stalled.send(json.dumps({"type": "start", "context": "s",
+                                           "format": "pcm_s16le", "sample_rate": 48000}))
+            await stalled.send(json.dumps({"type": "text", "context": "s", "text": LONG}))
+            await stalled.send(json.dumps({"type": "end", "context": "s"}))
+            # stop reading; meanwhile another client is served normally
+            async with RtClient.connect(srv.url) as other:
+                result = await other.say("Everyone else is served as usual.")
+            assert result.ok
+            await asyncio.sleep(1.5)  # past overload_after_s while not reading
+            codes: list[str] = []
+            try:
+                while True:
+                    msg = await asyncio.wait_for(stalled.recv(), 10)
+                    if isinstance(msg, str):
+                        body = json.loads(msg)
+                        if body["type"] == "error":
+                            codes.append(body["code"])
+                        assert body["type"] != "done"
+            except ConnectionClosed:
+                pass
+            assert "overloaded" in codes
+            assert stalled.close_code == 1013
+    finally:
+        srv.stop()

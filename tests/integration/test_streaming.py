@@ -1,0 +1,112 @@
+"""A real server on 127.0.0.1, the real client, the embedded Piper voice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from rtserver.client import AudioFrames, RtClient
+from rtserver.testing.server_thread import ServerThread
+
+REPLY = ("Sure, here is the plan for today. First, we meet Dr. Smith at 9:30 a.m. "
+         "to review the $3.50 budget. Then we walk home.")
+
+
+def speech_like(pcm: np.ndarray, rate: int, text: str) -> None:
+    """Audio a listener would accept as speaking ``text``: long enough, not silent."""
+    seconds = len(pcm) / rate
+    # English TTS speaks ~10-25 characters per second.
+    assert len(text) / 25 <= seconds <= len(text) / 8, seconds
+    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
+    assert rms > 0.02, rms
+    # voiced speech has most energy below 4 kHz and is not a constant tone
+    frame = rate // 50
+    energies = [float(np.mean(pcm[i:i + frame] ** 2)) for i in range(0, len(pcm) - frame, frame)]
+    loud = sum(e > (0.1 * rms) ** 2 for e in energies)
+    assert 0.3 < loud / len(energies) < 0.99
+
+
+async def test_reply_streamed_word_by_word_comes_back_as_speech(server: ServerThread) -> None:
+    async with RtClient.connect(server.url) as client:
+        assert client.ready.protocol == 1
+        ctx = await client.start()
+        for word in REPLY.split(" "):
+            await ctx.send_text(word + " ")
+        await ctx.end()
+        result = await ctx.collect()
+    assert result.ok, (result.error, result.failure)
+    assert result.done is not None and result.done.ttfa_ms is not None
+    assert result.done.frames == result.frame_count
+    assert result.pcm is not None
+    speech_like(result.pcm, result.started.sample_rate, REPLY)
+    segments = [seg for _, seg in result.times.segments]
+    assert len(segments) >= 3
+    assert segments[0].seq == 0 and [s.index for s in segments] == list(range(len(segments)))
+    # each segment's source points back into what was sent
+    sent = "".join(w + " " for w in REPLY.split(" "))
+    assert "Dr. Smith" in " ".join(s.text for s in segments)
+    for seg in segments:
+        start, end = seg.source
+        assert 0 <= start < end <= len(sent)
+
+
+async def test_first_audio_arrives_before_the_text_ends(server: ServerThread) -> None:
+    async with RtClient.connect(server.url) as client:
+        ctx = await client.start()
+        await ctx.send_text("Hello there, ")
+        first: AudioFrames | None = None
+        async for event in ctx.events():
+            if isinstance(event, AudioFrames):
+                first = event
+                break
+        assert first is not None and first.seq == 0
+        await ctx.send_text("this part was sent after the first audio came back.")
+        await ctx.end()
+        result = await ctx.collect()
+    assert result.ok
+
+
+async def test_two_contexts_at_once_on_one_connection(server: ServerThread) -> None:
+    async with RtClient.connect(server.url) as client:
+        a = await client.start("a", format="opus", sample_rate=48000)
+        b = await client.start("b", format="pcm_s16le", sample_rate=16000, frame_ms=40)
+        assert a.stream != b.stream
+        await a.send_text("The first voice speaks about the weather today.")
+        await b.send_text("The second one talks about trains and stations.")
+        await a.end()
+        await b.end()
+        ra, rb = await asyncio.gather(a.collect(), b.collect())
+    for r, text in ((ra, "The first voice speaks about the weather today."),
+                    (rb, "The second one talks about trains and stations.")):
+        assert r.ok
+        assert r.pcm is not None
+        speech_like(r.pcm, r.started.sample_rate, text)
+    assert rb.started.frame_ms == 40 and rb.started.pre_skip == 0
+
+
+async def test_cancel_fences_the_context(server: ServerThread) -> None:
+    long_text = " ".join(["This sentence keeps the voice busy for a good while."] * 12)
+    async with RtClient.connect(server.url) as client:
+        ctx = await client.start()
+        await ctx.send_text(long_text)
+        await ctx.end()
+        seen: list[AudioFrames] = []
+        async for event in ctx.events():
+            if isinstance(event, AudioFrames):
+                seen.append(event)
+                break
+        cancelled = await ctx.cancel()
+        result = await ctx.collect()
+        # nothing of the context after the fence; every frame seen is at or below it
+        assert result.cancelled == cancelled
+        assert result.done is None
+        highest = max(m.end_seq for m in result.frames) if result.frames else -1
+        assert highest <= cancelled.last_seq
+        assert cancelled.last_seq >= seen[0].end_seq
+        assert result.audio_ms < len(long_text) * 40  # stopped long before the end
+        # a cancel that crosses the fence is answered again, not an error
+        again = await client.start("after")
+        await again.send_text("And the next turn starts clean.")
+        await again.end()
+        assert (await again.collect()).ok
