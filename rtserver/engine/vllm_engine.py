@@ -1,0 +1,421 @@
+"""The vLLM token engine: one ``AsyncLLM`` per process, token-id prompts in,
+DELTA streams of token ids out.
+
+- Prompts are ``TokensPrompt`` (we tokenize), outputs ``RequestOutputKind.DELTA``
+  with ``detokenize=False``: each delta is handed on as soon as it is sampled.
+- Cancel: closing or cancelling the consumer of ``generate`` aborts the request
+  (vLLM frees its KV blocks at once); ``abort(request_id)`` does it from outside.
+- ``scheduling_policy="priority"``: a context's first segment (priority 0) is
+  scheduled ahead of later segments (1). Prefix caching keeps the voice's prompt
+  prefix (``<custom_token_3><|begin_of_text|>tara:``) warm.
+- Valid tokens only: a ``CyclicTokenMask`` is enforced while sampling by
+  ``CyclicMaskLogitsProcessor`` (vLLM's V1 logits-processor interface, the same
+  in 0.26 and 0.32). Registering a custom logits processor makes vLLM 0.26 pick
+  its V1 model runner; its V2 runner rejects custom processors, and caps
+  ``allowed_token_ids`` at 1024 ids (``MAX_NUM_ALLOWED_TOKEN_IDS``), less than
+  Orpheus' 28,672 audio tokens. ``token_guard="allowed"`` uses
+  ``allowed_token_ids`` (V1 runner only) instead; ``"none"`` leaves checking
+  to the voice.
+- Stats: a ``StatLoggerBase`` fed by vLLM after every engine step (running,
+  waiting, KV cache usage, prefix cache, tokens) plus our own time to first
+  token, measured from submitting to the first delta as the voice sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from vllm import SamplingParams, TokensPrompt
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+
+from rtserver.engine.base import (
+    CyclicTokenMask,
+    EngineStats,
+    HistogramAccumulator,
+    TokenRequest,
+)
+from rtserver.errors import ConfigError, EngineFailed
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+log = logging.getLogger(__name__)
+
+TokenGuard = Literal["mask", "allowed", "none"]
+MASK_ARG = "rtserver_mask"  # SamplingParams.extra_args key read by the logits processor
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    """Settings of the one ``AsyncLLM``. ``model``: a local HF folder."""
+
+    model: str
+    dummy_weights: bool = False  # vLLM load_format="dummy": random weights, real speed
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    # KV cache size in GiB; None: vLLM's default (GPU: from gpu_memory_utilization;
+    # CPU: VLLM_CPU_KVCACHE_SPACE).
+    kv_cache_gib: float | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    priority_scheduling: bool = True
+    token_guard: TokenGuard = "mask"
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    # vLLM's own request logging (one line per request); off for speed.
+    log_requests: bool = False
+
+
+# --- logits processor (runs in vLLM's worker process) -----------------------
+
+def mask_extra_args(mask: CyclicTokenMask) -> dict[str, Any]:
+    """The ``SamplingParams.extra_args`` entry that turns the mask on for a request."""
+    return {MASK_ARG: {"ranges": [list(r) for r in mask.slot_ranges],
+                       "end": list(mask.end_ids)}}
+
+
+def _mask_key(params: SamplingParams) -> tuple[Any, ...] | None:
+    spec = (params.extra_args or {}).get(MASK_ARG)
+    if spec is None:
+        return None
+    ranges = tuple((int(lo), int(hi)) for lo, hi in spec["ranges"])
+    return ranges, tuple(int(t) for t in spec["end"])
+
+
+class CyclicMaskLogitsProcessor(LogitsProcessor):
+    """Per-position masks: the token sampled at output index ``i`` must lie in
+    ``ranges[i % period]``, or be an end token at a frame boundary.
+
+    One additive table (``period`` x vocab of 0 / -inf) per distinct mask, built
+    once; each step costs a gather and an add over the masked rows.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device,
+                 is_pin_memory: bool) -> None:
+        self._device = device
+        self._pin = is_pin_memory
+        # batch index -> (mask key, the request's live output token list)
+        self._rows: dict[int, tuple[tuple[Any, ...], list[int]]] = {}
+        self._tables: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        try:
+            key = _mask_key(sampling_params)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad {MASK_ARG}: {exc}") from None
+        if key is not None:
+            ranges, _ = key
+            if not ranges or any(lo >= hi for lo, hi in ranges):
+                raise ValueError(f"bad {MASK_ARG} ranges {ranges}")
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self._rows.pop(index, None)
+        for index, params, _prompt, output_ids in batch_update.added:
+            key = _mask_key(params) if params is not None else None
+            if key is None:
+                self._rows.pop(index, None)
+            else:
+                self._rows[index] = (key, output_ids)
+        for a, b, direction in batch_update.moved:
+            ra, rb = self._rows.pop(a, None), self._rows.pop(b, None)
+            if ra is not None:
+                self._rows[b] = ra
+            if rb is not None and direction.name == "SWAP":
+                self._rows[a] = rb
+
+    def _table(self, key: tuple[Any, ...], vocab: int, dtype: torch.dtype) -> torch.Tensor:
+        table = self._tables.get(key)
+        if table is None or table.shape[1] != vocab or table.dtype != dtype:
+            ranges, end_ids = key
+            table = torch.full((len(ranges), vocab), float("-inf"), dtype=dtype)
+            for slot, (lo, hi) in enumerate(ranges):
+                table[slot, lo:min(hi, vocab)] = 0.0
+            for t in end_ids:
+                if t < vocab:
+                    table[0, t] = 0.0
+            table = table.to(self._device)
+            self._tables[key] = table
+        return table
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._rows:
+            return logits
+        groups: dict[tuple[Any, ...], tuple[list[int], list[int]]] = {}
+        for index, (key, output_ids) in self._rows.items():
+            if index >= logits.shape[0]:
+                continue
+            rows, slots = groups.setdefault(key, ([], []))
+            rows.append(index)
+            slots.append(len(output_ids) % len(key[0]))
+        for key, (rows, slots) in groups.items():
+            table = self._table(key, logits.shape[1], logits.dtype)
+            r = torch.tensor(rows, dtype=torch.long, pin_memory=self._pin).to(
+                self._device, non_blocking=True)
+            s = torch.tensor(slots, dtype=torch.long, pin_memory=self._pin).to(
+                self._device, non_blocking=True)
+            logits[r] += table[s]
+        return logits
+
+
+# --- stats -------------------------------------------------------------------
+
+class _LiveStats:
+    """Mutable counters the stat logger and the engine update (event loop only)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preemptions = 0
+        self.requests = 0
+        self.aborted = 0
+        self.failed = 0
+        self.ttft = HistogramAccumulator()
+
+
+class _StatSink(StatLoggerBase):
+    """vLLM calls ``record`` after each engine step, in the frontend process."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0,
+                 *, live: _LiveStats | None = None) -> None:
+        self._live = live if live is not None else _LiveStats()
+
+    def record(self, scheduler_stats: SchedulerStats | None,
+               iteration_stats: IterationStats | None,
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        live = self._live
+        if scheduler_stats is not None:
+            live.running = scheduler_stats.num_running_reqs
+            live.waiting = scheduler_stats.num_waiting_reqs
+            live.kv_cache_usage = scheduler_stats.kv_cache_usage
+            pc = scheduler_stats.prefix_cache_stats
+            if pc is not None:
+                live.prefix_queries += pc.queries
+                live.prefix_hits += pc.hits
+        if iteration_stats is not None:
+            live.prompt_tokens += iteration_stats.num_prompt_tokens
+            live.generation_tokens += iteration_stats.num_generation_tokens
+            live.preemptions += iteration_stats.num_preempted_reqs
+
+    def log_engine_initialized(self) -> None:
+        return None
+
+
+# --- the engine ----------------------------------------------------------------
+
+class VllmEngine:
+    """``TokenEngine`` over vLLM's ``AsyncLLM`` (see the module docstring).
+
+    Create the engine in the process's ``__main__`` guard: vLLM starts its
+    engine-core process with ``spawn`` on the CPU.
+    """
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.config = config
+        self._llm: AsyncLLM | None = None
+        self._live = _LiveStats()
+        self._open: set[str] = set()
+        self._dead: BaseException | None = None
+
+    # lifecycle -------------------------------------------------------------
+
+    def engine_args(self) -> AsyncEngineArgs:
+        c = self.config
+        if not os.path.isdir(c.model):
+            raise ConfigError(f"model folder {c.model} does not exist")
+        kwargs: dict[str, Any] = {}
+        if c.kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_gib * GiB)
+        if c.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+        if c.token_guard == "mask":
+            kwargs["logits_processors"] = [CyclicMaskLogitsProcessor]
+        return AsyncEngineArgs(
+            model=c.model,
+            load_format="dummy" if c.dummy_weights else "auto",
+            skip_tokenizer_init=True,  # prompts arrive as ids; outputs stay ids
+            dtype=c.dtype,  # type: ignore[arg-type]
+            seed=c.seed,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            enforce_eager=c.enforce_eager,
+            enable_prefix_caching=c.enable_prefix_caching,
+            scheduling_policy="priority" if c.priority_scheduling else "fcfs",
+            tensor_parallel_size=c.tensor_parallel_size,
+            # Stats reach us through our StatLoggerBase; vLLM's own periodic
+            # log lines stay off.
+            disable_log_stats=True,
+            enable_log_requests=c.log_requests,
+            **kwargs,
+        )
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.engine_args()
+        live = self._live
+
+        def sink(vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
+            return _StatSink(vllm_config, engine_index, live=live)
+
+        # Loading takes seconds to minutes: keep the event loop serving /health.
+        try:
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                                stat_loggers=[sink])
+        except Exception as exc:
+            raise ConfigError(f"vLLM failed to start on {self.config.model}: {exc}") from exc
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    @property
+    def max_model_len(self) -> int:
+        llm = self._llm
+        return int(llm.model_config.max_model_len) if llm else self.config.max_model_len
+
+    @property
+    def healthy(self) -> bool:
+        return self._llm is not None and self._dead is None and not self._llm.errored
+
+    # requests --------------------------------------------------------------
+
+    def sampling_params(self, request: TokenRequest) -> SamplingParams:
+        s = request.sampling
+        extra: dict[str, Any] | None = None
+        allowed: list[int] | None = None
+        if request.mask is not None:
+            if self.config.token_guard == "mask":
+                extra = mask_extra_args(request.mask)
+            elif self.config.token_guard == "allowed":
+                allowed = request.mask.allowed_ids()
+        return SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=max(s.top_k, 0),
+            repetition_penalty=s.repetition_penalty,
+            seed=s.seed,
+            max_tokens=request.max_tokens,
+            stop_token_ids=list(request.stop_token_ids),
+            allowed_token_ids=allowed,
+            extra_args=extra,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    async def generate(self, request: TokenRequest) -> AsyncIterator[Sequence[int]]:
+        llm = self._llm
+        if llm is None:
+            raise EngineFailed("the vLLM engine is not started")
+        if self._dead is not None or llm.errored:
+            raise EngineFailed("the vLLM engine has died")
+        params = self.sampling_params(request)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        priority = request.priority if self.config.priority_scheduling else 0
+        rid = request.request_id
+        live = self._live
+        live.requests += 1
+        self._open.add(rid)
+        started = time.monotonic()
+        first = True
+        finished = False
+        try:
+            stream = llm.generate(prompt, params, rid, priority=priority)
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    completion = out.outputs[0] if out.outputs else None
+                    ids = completion.token_ids if completion is not None else ()
+                    if out.finished:
+                        finished = True
+                    if ids:
+                        if first:
+                            first = False
+                            live.ttft.observe(time.monotonic() - started)
+                        yield ids
+                    if completion is not None and completion.finish_reason == "abort":
+                        live.aborted += 1
+        except Exception as exc:
+            finished = True  # vLLM aborts a request whose generate() failed
+            live.failed += 1
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            if isinstance(exc, EngineDeadError):
+                self._dead = exc
+            raise EngineFailed(f"vLLM failed request {rid}: {type(exc).__name__}: {exc}"
+                               ) from exc
+        finally:
+            self._open.discard(rid)
+            if not finished:
+                # Consumer gone (cancel, aclose): vLLM's generate() aborts on
+                # CancelledError/GeneratorExit; abort again by id in case the
+                # stream was closed between two outputs. Unknown ids are no-ops.
+                live.aborted += 1
+                await self._abort_quietly(llm, rid)
+
+    async def _abort_quietly(self, llm: AsyncLLM, request_id: str) -> None:
+        try:
+            await llm.abort(request_id)
+        except Exception as exc:  # engine already gone: nothing is held any more
+            log.debug("abort of %s failed: %s", request_id, exc)
+
+    async def abort(self, request_id: str) -> None:
+        llm = self._llm
+        if llm is not None:
+            await self._abort_quietly(llm, request_id)
+
+    def stats(self) -> EngineStats:
+        live = self._live
+        return EngineStats(
+            running=live.running,
+            waiting=live.waiting,
+            kv_cache_usage=live.kv_cache_usage,
+            in_flight=len(self._open),
+            requests_total=live.requests,
+            aborted_total=live.aborted,
+            failed_total=live.failed,
+            prompt_tokens_total=live.prompt_tokens,
+            generation_tokens_total=live.generation_tokens,
+            prefix_cache_queries_total=live.prefix_queries,
+            prefix_cache_hits_total=live.prefix_hits,
+            preemptions_total=live.preemptions,
+            ttft=live.ttft.snapshot(),
+        )
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM's frontend still tracks (0 once every abort landed)."""
+        llm = self._llm
+        return llm.get_num_unfinished_requests() if llm is not None else 0
