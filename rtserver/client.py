@@ -365,7 +365,6 @@ class ContextStream:
         self._cancel_future: asyncio.Future[Cancelled] = loop.create_future()
         self._finished_future: asyncio.Future[None] = loop.create_future()
         self._tracker = SeqTracker(context)
-        self._iterating = False
 
     # --- what the server told us ---------------------------------------------------
 
@@ -449,24 +448,19 @@ class ContextStream:
 
         Errors that do not end it (``text_too_long`` for one fragment, say) are
         yielded and the iteration goes on. A protocol violation (seq gap) or a
-        lost connection raises its ``RtClientError`` after the events before it.
-        One consumer at a time.
+        lost connection raises its ``RtClientError`` after the events before it
+        (once; it stays in ``failure``).
+        One consumer at a time; breaking out and calling ``events()`` (or
+        ``collect()``) again goes on with the next event.
         """
-        if self._iterating:
-            raise RuntimeError(f"context '{self.context}' already has a consumer")
-        self._iterating = True
-        try:
-            while True:
-                item = await self._queue.get()
-                if item is _END:
-                    self._queue.put_nowait(_END)  # later calls end at once too
-                    return
-                if isinstance(item, RtClientError):
-                    self._queue.put_nowait(item)
-                    raise item
-                yield item
-        finally:
-            self._iterating = False
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                self._queue.put_nowait(_END)  # later calls end at once too
+                return
+            if isinstance(item, RtClientError):
+                raise item  # once; later calls end quietly (``failure`` keeps it)
+            yield item
 
     async def wait(self) -> None:
         """Wait until nothing more will come for this context (events stay queued)."""
