@@ -140,6 +140,10 @@ class OrpheusRuntime:
             self._users += 1
         return v
 
+    def all_voices(self) -> list[OrpheusVoice]:
+        """A voice per configured speaker (``orpheus:tara``, ``orpheus:leah``, ...)."""
+        return [self.voice(name) for name in self.config.speakers]
+
     async def release(self) -> None:
         """One voice closed; the last one closes engine and vocoder."""
         self._users -= 1
