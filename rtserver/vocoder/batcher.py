@@ -1,0 +1,231 @@
+"""Cross-stream batching of decoder calls, run off the event loop.
+
+Every window submitted while the decoder is busy (or in the same loop tick)
+goes into the next call: one worker task takes all queued windows, groups them
+by length (padding within a group is exact, see ``snac_model``), and runs the
+group decodes on one dedicated thread, so the event loop never waits on a
+decode (torch releases the GIL while it computes). Windows marked ``urgent``
+(a stream's first chunk: it sets TTFA) jump the queue when it is longer than
+one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.vocoder.snac_model import CodeWindow
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class WindowDecoder(Protocol):
+    """Decodes code windows to audio, one array per window, in order."""
+
+    def decode(self, windows: Sequence[CodeWindow]) -> list[FloatArray]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    max_batch: int = 64  # windows per decoder call
+    max_batch_frames: int = 1024  # frames per call, padding included (bounds memory)
+    # A group's padded frames may exceed its real frames by this fraction
+    # (0: only equal lengths share a call). GPU calls are launch-bound: pad
+    # freely; CPU cost follows frames: pad little.
+    max_pad_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_batch_frames < 1:
+            raise ValueError("max_batch and max_batch_frames must be >= 1")
+        if self.max_pad_fraction < 0:
+            raise ValueError("max_pad_fraction must be >= 0")
+
+
+@dataclass(slots=True)
+class BatcherStats:
+    """Counters since start; ``snapshot()`` for a consistent copy."""
+
+    ticks: int = 0  # times the worker took work from the queue
+    calls: int = 0  # decoder calls
+    windows: int = 0
+    frames: int = 0
+    padded_frames: int = 0  # frames computed, padding included
+    decode_seconds: float = 0.0  # wall time inside decoder calls
+    failures: int = 0
+    call_sizes: dict[int, int] = field(default_factory=dict)  # windows per call -> count
+
+    def snapshot(self) -> BatcherStats:
+        return replace(self, call_sizes=dict(self.call_sizes))
+
+
+def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]:
+    """Split indices into decoder calls: sorted by length, bounded waste and size."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    real = 0
+    for i in order:
+        n = lengths[i]
+        if cur:
+            longest = lengths[cur[0]]
+            padded = longest * (len(cur) + 1)
+            if (len(cur) >= cfg.max_batch or padded > cfg.max_batch_frames
+                    or padded > (1 + cfg.max_pad_fraction) * (real + n)):
+                groups.append(cur)
+                cur, real = [], 0
+        cur.append(i)
+        real += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+class _Item:
+    __slots__ = ("future", "window")
+
+    def __init__(self, window: CodeWindow, future: asyncio.Future[FloatArray]) -> None:
+        self.window, self.future = window, future
+
+
+class DecodeBatcher:
+    """Owns the decode thread. ``start`` before ``decode``; ``close`` at the end."""
+
+    def __init__(self, decoder: WindowDecoder, config: BatcherConfig | None = None, *,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._decoder = decoder
+        self._cfg = config or BatcherConfig()
+        self._clock = clock
+        self._urgent: deque[_Item] = deque()
+        self._normal: deque[_Item] = deque()
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self.stats = BatcherStats()
+
+    @property
+    def running(self) -> bool:
+        return self._worker is not None and not self._closing
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The decode thread (for other work that must run on it, e.g. warm-up)."""
+        if self._executor is None:
+            raise RuntimeError("the vocoder batcher is not started")
+        return self._executor
+
+    async def start(self) -> None:
+        if self._worker is not None:
+            return
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder-decode")
+        self._worker = asyncio.get_running_loop().create_task(self._run(), name="vocoder-batcher")
+
+    async def close(self) -> None:
+        """Decode what is queued, then stop the worker and its thread."""
+        if self._worker is None or self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        try:
+            await self._worker
+        finally:
+            self._fail_queued(RuntimeError("vocoder closed"))
+            assert self._executor is not None
+            self._executor.shutdown(wait=True)
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        for q in (self._urgent, self._normal):
+            while q:
+                item = q.popleft()
+                if not item.future.done():
+                    item.future.set_exception(exc)
+
+    async def decode(self, windows: Sequence[CodeWindow], *, urgent: bool = False
+                     ) -> list[FloatArray]:
+        """Audio of each window, decoded in the next batched call(s)."""
+        if not self.running:
+            raise RuntimeError("the vocoder batcher is not running")
+        if not windows:
+            return []
+        loop = asyncio.get_running_loop()
+        items = [_Item(w, loop.create_future()) for w in windows]
+        (self._urgent if urgent else self._normal).extend(items)
+        self._wake.set()
+        return list(await asyncio.gather(*(i.future for i in items)))
+
+    def _take(self) -> list[_Item]:
+        batch: list[_Item] = []
+        frames = 0
+        for q in (self._urgent, self._normal):
+            while q and len(batch) < self._cfg.max_batch:
+                item = q[0]
+                n = int(item.window.codes.shape[0])
+                if batch and frames + n > self._cfg.max_batch_frames:
+                    return batch
+                q.popleft()
+                if item.future.done():  # its stream was cancelled
+                    continue
+                batch.append(item)
+                frames += n
+        return batch
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except BaseException as exc:  # a bug here must not leave pushes waiting forever
+            self._closing = True
+            self._fail_queued(RuntimeError(f"vocoder batcher stopped: {exc!r}"))
+            raise
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # let the rest of this tick's pushes queue up
+            while batch := self._take():
+                self.stats.ticks += 1
+                windows = [i.window for i in batch]
+                try:
+                    results = await loop.run_in_executor(self._executor, self._decode_groups,
+                                                         windows)
+                except Exception as exc:
+                    self.stats.failures += 1
+                    for item in batch:
+                        if not item.future.done():
+                            item.future.set_exception(exc)
+                    continue
+                for item, audio in zip(batch, results, strict=True):
+                    if not item.future.done():
+                        item.future.set_result(audio)
+            if self._closing:
+                return
+
+    def _decode_groups(self, windows: list[CodeWindow]) -> list[FloatArray]:
+        """Runs on the decode thread."""
+        lengths = [int(w.codes.shape[0]) for w in windows]
+        out: list[FloatArray | None] = [None] * len(windows)
+        st = self.stats
+        for group in group_windows(lengths, self._cfg):
+            t0 = self._clock()
+            audio = self._decoder.decode([windows[i] for i in group])
+            st.decode_seconds += self._clock() - t0
+            st.calls += 1
+            st.call_sizes[len(group)] = st.call_sizes.get(len(group), 0) + 1
+            st.windows += len(group)
+            st.frames += sum(lengths[i] for i in group)
+            st.padded_frames += max(lengths[i] for i in group) * len(group)
+            for i, a in zip(group, audio, strict=True):
+                out[i] = a
+        done = [a for a in out if a is not None]
+        if len(done) != len(windows):
+            raise RuntimeError("decoder returned fewer arrays than windows")
+        return done

@@ -1,0 +1,225 @@
+"""Measurements of the chunked SNAC vocoder: receptive field, seam error, speed.
+
+    python -m rtserver.vocoder.measure rf      [--shape 24khz|tiny]
+    python -m rtserver.vocoder.measure edges   [--shape 24khz|tiny]
+    python -m rtserver.vocoder.measure seams   [--shape 24khz|tiny] [--frames 60]
+    python -m rtserver.vocoder.measure timing  [--batch 1 8] [--frames 4] [--device cpu]
+
+Every model here has random weights (``--shape 24khz`` is the real config
+shape): the speed is the real speed, the sound is noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
+from rtserver.vocoder.snac_model import (
+    SNAC24_CONFIG,
+    TINY_SNAC_CONFIG,
+    CodeWindow,
+    SnacDecoder,
+    build_snac,
+)
+
+FloatArray = npt.NDArray[np.float32]
+
+
+def random_codes(n_frames: int, seed: int = 0, codebook_size: int = 4096
+                 ) -> npt.NDArray[np.int64]:
+    """Uniform random frames (n, 7)."""
+    return np.random.default_rng(seed).integers(0, codebook_size, (n_frames, 7), dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How far one code's change reaches beyond its own span, in samples."""
+
+    threshold_db: float  # change above this, re the signal RMS, counts
+    left: int
+    right: int
+
+
+def measure_reach(decoder: SnacDecoder, *, n_frames: int = 24, frame: int = 12,
+                  thresholds_db: Sequence[float] = (-40.0, -60.0, -80.0, -120.0),
+                  seed: int = 0) -> list[Reach]:
+    """Perturb each of the 7 codes of one frame in turn; worst reach per threshold.
+
+    -120 dB (1e-6 x RMS) stands for "any change": float noise is below it.
+    """
+    codes = random_codes(n_frames, seed, decoder.codebook_size)
+    base = decoder.decode([CodeWindow(codes, 0)])[0]
+    rms = float(np.sqrt(np.mean(base.astype(np.float64) ** 2)))
+    f = decoder.samples_per_frame
+    spans = [(0, 1), (1, 2), (1, 2), (3, 4), (3, 4), (3, 4), (3, 4)]  # (first, count) per level
+    worst = {t: [0, 0] for t in thresholds_db}
+    for k in range(7):
+        first, count = spans[k]
+        sub = k - first
+        span = f // count
+        s0 = frame * f + sub * span
+        s1 = s0 + span
+        c = codes.copy()
+        c[frame, k] = (c[frame, k] + decoder.codebook_size // 3) % decoder.codebook_size
+        diff = np.abs(decoder.decode([CodeWindow(c, 0)])[0] - base)
+        for t in thresholds_db:
+            idx = np.nonzero(diff > rms * 10 ** (t / 20))[0]
+            if len(idx):
+                worst[t][0] = max(worst[t][0], s0 - int(idx[0]))
+                worst[t][1] = max(worst[t][1], int(idx[-1]) + 1 - s1)
+    return [Reach(t, left, right) for t, (left, right) in worst.items()]
+
+
+EDGE_DISTANCES = (0, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 4608)
+
+
+def measure_edges(decoder: SnacDecoder, *, span: int = 256, seed: int = 3
+                  ) -> dict[int, float]:
+    """Error of windows cut short vs the full decode, by distance from the cut.
+
+    24 random frames; windows ``[0, 6|10|14)`` (right edges) and ``[6|10, 24)``
+    (left edges). Per distance d: the worst, over the cuts, of the max error in
+    the ``span`` samples at distance d, in dB re the full decode's RMS.
+    """
+    n, f = 24, decoder.samples_per_frame
+    codes = random_codes(n, seed, decoder.codebook_size)
+    full = decoder.decode([CodeWindow(codes, 0)])[0]
+    rms = float(np.sqrt(np.mean(full.astype(np.float64) ** 2)))
+    worst = dict.fromkeys(EDGE_DISTANCES, -math.inf)
+    cuts: list[tuple[FloatArray, bool]] = []
+    for end in (6, 10, 14):
+        w = decoder.decode([CodeWindow(codes[:end], 0)])[0]
+        cuts.append((np.abs(w - full[:end * f]), True))
+    for start in (6, 10):
+        w = decoder.decode([CodeWindow(codes[start:], start)])[0]
+        cuts.append((np.abs(w - full[start * f:]), False))
+    for err, right in cuts:
+        for d in EDGE_DISTANCES:
+            part = err[len(err) - d - span:len(err) - d] if right else err[d:d + span]
+            worst[d] = max(worst[d], 20 * math.log10(max(float(part.max()), 1e-12) / rms))
+    return worst
+
+
+def decode_chunked(decoder: SnacDecoder, codes: npt.NDArray[np.int64], config: ChunkConfig,
+                   push_sizes: Sequence[int] = (1,)) -> tuple[list[FloatArray], list[DecodeJob]]:
+    """Stream ``codes`` through planner + decoder + joiner, synchronously.
+
+    ``push_sizes`` cycles: frames per push. Returns the emitted chunks and jobs.
+    """
+    planner, joiner = ChunkPlanner(config), SeamJoiner(config.samples_per_frame)
+    chunks: list[FloatArray] = []
+    jobs_all: list[DecodeJob] = []
+    pos, i = 0, 0
+
+    def run(jobs: list[DecodeJob]) -> None:
+        windows = [CodeWindow(codes[j.start_frame:j.end_frame], j.start_frame) for j in jobs]
+        for job, audio in zip(jobs, decoder.decode(windows), strict=True):
+            chunks.append(joiner.join(job, audio))
+            jobs_all.append(job)
+
+    while pos < len(codes):
+        n = min(push_sizes[i % len(push_sizes)], len(codes) - pos)
+        run(planner.push(n))
+        pos, i = pos + n, i + 1
+    run(planner.finish())
+    return chunks, jobs_all
+
+
+@dataclass(frozen=True, slots=True)
+class SeamReport:
+    worst_db: float  # max |chunked - full| over the signal, dB re the full decode's RMS
+    seam_db: tuple[float, ...]  # per seam: max error within one frame of it
+    total_samples: int
+    first_chunk_samples: int
+
+
+def seam_report(decoder: SnacDecoder, codes: npt.NDArray[np.int64], config: ChunkConfig,
+                push_sizes: Sequence[int] = (1,)) -> SeamReport:
+    """Chunked decode vs one full decode of the same codes."""
+    full = decoder.decode([CodeWindow(codes, 0)])[0].astype(np.float64)
+    chunks, jobs = decode_chunked(decoder, codes, config, push_sizes)
+    out = np.concatenate(chunks).astype(np.float64) if chunks else np.zeros(0)
+    rms = float(np.sqrt(np.mean(full ** 2)))
+    if len(out) != len(full):
+        raise AssertionError(f"chunked decode gave {len(out)} samples, full {len(full)}")
+    err = np.abs(out - full)
+    f = config.samples_per_frame
+
+    def db(x: float) -> float:
+        return 20 * math.log10(max(x, 1e-12) / rms)
+
+    seams = [db(float(err[max(0, j.emit_start - f):j.emit_start + j.fade + f].max()))
+             for j in jobs[1:]]
+    return SeamReport(db(float(err.max())), tuple(seams), len(out), len(chunks[0]))
+
+
+def _decoder(shape: str, device: str = "cpu") -> SnacDecoder:
+    cfg = {"24khz": SNAC24_CONFIG, "tiny": TINY_SNAC_CONFIG}[shape]
+    return SnacDecoder(build_snac(cfg, seed=0), device=device)
+
+
+def time_decode(decoder: SnacDecoder, batch: int, frames: int, *, repeats: int = 5) -> float:
+    """Median seconds of one ``decode`` call of ``batch`` windows of ``frames`` frames."""
+    windows = [CodeWindow(random_codes(frames, i), 100 + i) for i in range(batch)]
+    decoder.decode(windows)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        decoder.decode(windows)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+SCHEDULES: dict[str, ChunkConfig] = {
+    "default": ChunkConfig(),
+    "exact": ChunkConfig(first_frames=3, first_lookahead_samples=4757, lookahead_samples=4757,
+                         crossfade_samples=0),
+    "first2": ChunkConfig(first_frames=2, first_lookahead_samples=2048),
+    "first4-g1.5": ChunkConfig(first_frames=4, growth=1.5, first_lookahead_samples=3584),
+    "la2048": ChunkConfig(lookahead_samples=2048),
+    "la3584": ChunkConfig(lookahead_samples=3584),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="chunked SNAC vocoder measurements")
+    p.add_argument("what", choices=["rf", "edges", "seams", "timing"])
+    p.add_argument("--shape", choices=["24khz", "tiny"], default="24khz")
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--device", default="cpu")
+    a = p.parse_args(argv)
+    dec = _decoder(a.shape, a.device)
+    if a.what == "rf":
+        print(f"layer-derived support: {dec.support} samples")
+        for r in measure_reach(dec):
+            print(f"change > {r.threshold_db:+.0f} dB re RMS: left {r.left}, right {r.right}")
+    elif a.what == "edges":
+        for d, e in measure_edges(dec).items():
+            print(f"{d:5d} samples from a cut: {e:7.1f} dB re RMS")
+    elif a.what == "seams":
+        codes = random_codes(a.frames or 60, seed=1)
+        for name, cfg in SCHEDULES.items():
+            sr = seam_report(dec, codes, cfg)
+            later = max(sr.seam_db[1:], default=-math.inf)
+            print(f"{name:12s} worst {sr.worst_db:7.1f} dB (first seam {sr.seam_db[0]:7.1f}, "
+                  f"later {later:7.1f})  first chunk {sr.first_chunk_samples} samples, "
+                  f"{len(sr.seam_db)} seams, {sr.total_samples} samples")
+    else:
+        frames = a.frames or 4
+        for b in a.batch:
+            t = time_decode(dec, b, frames)
+            audio_s = b * frames * dec.samples_per_frame / dec.sample_rate
+            print(f"batch {b} x {frames} frames: {t * 1e3:.1f} ms per call "
+                  f"({audio_s / t:.1f}x real time)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""SNAC 24 kHz decoder: local checkpoint loader and a batched, deterministic decode.
+
+Checkpoint layout (hubertsiuzdak/snac_24khz): a folder with ``config.json`` (the
+keyword arguments of ``snac.SNAC``) and ``pytorch_model.bin`` (its state dict;
+``model.safetensors`` is read too). ``snac.SNAC.from_pretrained`` may reach for
+the hub; ``load_snac_dir`` reads the folder only. Weight-norm state in either
+form loads (``weight_g``/``weight_v`` of old torch, ``parametrizations.weight.
+original0/1`` of new): torch's weight-norm parametrization converts the old
+keys on load.
+
+Decoding differs from ``SNAC.decode`` in three ways, none changing the maths
+of one full decode except the noise source:
+
+- Weight norm is folded into plain weights once (it is a reparametrization).
+- Noise: every ``NoiseBlock`` adds ``randn(B, 1, T) * linear(x)``, fresh per call,
+  so upstream output is random and two overlapping windows never agree. Here
+  the noise is a fixed Gaussian sequence indexed by the *absolute* position in
+  the stream (``noise="positional"``, period ``NOISE_PERIOD_LATENT`` latent
+  frames): the decoder still gets the unit-variance noise it was trained with,
+  the output is a pure function of the codes (deterministic, testable), and a
+  chunk decoded with enough context equals the full decode. ``noise="off"``
+  drops the noise term instead (changes the trained output slightly).
+- Batches: windows of different lengths are right-padded to a common length
+  and, before every layer that mixes time steps (convolutions with kernel > 1),
+  each row's samples beyond its own length are zeroed. That is exactly the
+  zero padding a convolution applies at a sequence end, so a padded row
+  computes what the row alone computes: padding cannot reach kept samples.
+
+Optional on CUDA: graphs captured per (batch bucket, frame bucket) shape and
+replayed; with the masking above, bucket padding is exact too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+FloatArray = npt.NDArray[np.float32]
+NoiseMode = Literal["positional", "off"]
+
+# hubertsiuzdak/snac_24khz config.json; checked against snac 1.2.1 ``SNAC.__init__``
+# (every key is one of its arguments; latent_dim defaults to 48 * 2**4 = 768).
+SNAC24_CONFIG: dict[str, Any] = {
+    "sampling_rate": 24000,
+    "encoder_dim": 48,
+    "encoder_rates": [2, 4, 8, 8],
+    "decoder_dim": 1024,
+    "decoder_rates": [8, 8, 4, 2],
+    "attn_window_size": None,
+    "codebook_size": 4096,
+    "codebook_dim": 8,
+    "vq_strides": [4, 2, 1],
+    "noise": True,
+    "depthwise": True,
+}
+
+# Same rates, strides, kernels and codebook size (identical code layout and
+# receptive field), tiny widths: a CPU decode of 60 frames takes milliseconds.
+TINY_SNAC_CONFIG: dict[str, Any] = {
+    **SNAC24_CONFIG,
+    "encoder_dim": 4,  # latent 64
+    "decoder_dim": 32,  # 32 -> 16, 8, 4, 2 channels
+}
+
+FRAME_CODES = 7  # neutral order [l0, l1_0, l1_1, l2_0, l2_1, l2_2, l2_3]
+NOISE_PERIOD_LATENT = 1024  # 1024 latent frames = 21.8 s at 24 kHz before it repeats
+
+
+def check_frame_layout(config: Mapping[str, Any]) -> None:
+    """The 7-code frame needs three codebooks at strides 4, 2, 1."""
+    if list(config.get("vq_strides", [])) != [4, 2, 1]:
+        raise ValueError(f"SNAC config with vq_strides {config.get('vq_strides')}: the 7-code "
+                         "frame layout needs [4, 2, 1] (the 24 kHz model)")
+    if config.get("attn_window_size") is not None:
+        raise ValueError("SNAC configs with local attention are not supported (not the 24 kHz "
+                         "model; the chunk geometry assumes a convolutional decoder)")
+
+
+def build_snac(config: Mapping[str, Any], *, seed: int | None = None) -> Any:
+    """A ``snac.SNAC`` of this config, freshly initialized (seeded if ``seed``)."""
+    from snac import SNAC
+
+    check_frame_layout(config)
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = SNAC(**dict(config))
+    return model.eval()
+
+
+def load_snac_dir(path: Path) -> Any:
+    """Load an upstream-layout SNAC folder from disk; never touches a hub."""
+    path = Path(path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in {path}")
+    config = json.loads(config_path.read_text())
+    model = build_snac(config)
+    bin_path, st_path = path / "pytorch_model.bin", path / "model.safetensors"
+    if bin_path.is_file():
+        state = torch.load(bin_path, map_location="cpu", weights_only=True)
+    elif st_path.is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(st_path))
+    else:
+        raise FileNotFoundError(f"no pytorch_model.bin or model.safetensors in {path}")
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def decoder_support(decoder: nn.Module, hop: int) -> int:
+    """One-sided reach, in output samples, of one latent frame beyond its own span.
+
+    Walks the layers in forward order tracking the index interval one latent
+    position can influence (Conv1d: ``[lo + p - d(k-1), hi + p]``; ConvTranspose1d
+    stride s: ``[lo*s - p, hi*s - p + k - 1]``); pointwise layers and residual
+    skips do not widen it. SNAC 24 kHz: 4757 samples.
+    """
+    lo, hi = 0, 0
+    for m in decoder.modules():
+        if isinstance(m, nn.ConvTranspose1d):
+            k, s, p = m.kernel_size[0], m.stride[0], int(m.padding[0])
+            lo, hi = lo * s - p, hi * s - p + k - 1
+        elif isinstance(m, nn.Conv1d):
+            if isinstance(m.padding, str):
+                raise ValueError("string padding in a decoder conv")
+            k, d, p, s = m.kernel_size[0], m.dilation[0], m.padding[0], m.stride[0]
+            if s != 1:
+                raise ValueError("strided Conv1d in a decoder")
+            lo, hi = lo + p - d * (k - 1), hi + p
+    return max(-lo, hi - (hop - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class CodeWindow:
+    """Frames ``codes`` (n, 7) int, neutral order, starting at ``start_frame``."""
+
+    codes: npt.NDArray[np.int64]
+    start_frame: int
+
+
+class _BatchState:
+    """What the hooks and noise layers read during one forward."""
+
+    __slots__ = ("lengths", "offsets", "t_latent")
+
+    def __init__(self) -> None:
+        self.lengths: torch.Tensor | None = None  # (B,) latent frames, None: all full
+        self.offsets: torch.Tensor | None = None  # (B,) absolute latent frame of index 0
+        self.t_latent = 0
+
+
+class PositionalNoise(nn.Module):
+    """``x + noise[pos] * linear(x)``: SNAC's NoiseBlock with position-keyed noise."""
+
+    def __init__(self, linear: nn.Module, upsample: int, state: _BatchState,
+                 generator: torch.Generator) -> None:
+        super().__init__()
+        self.linear = linear
+        self.upsample = upsample
+        self.period = NOISE_PERIOD_LATENT * upsample
+        self._state = state
+        self.table: torch.Tensor
+        self.register_buffer("table", torch.randn(self.period, generator=generator),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, t = x.shape
+        offsets = self._state.offsets
+        pos = torch.arange(t, device=x.device).unsqueeze(0)
+        if offsets is not None:
+            pos = pos + (offsets * self.upsample).unsqueeze(1)
+        noise = self.table.to(x.dtype)[pos % self.period].expand(b, t).unsqueeze(1)
+        return x + noise * self.linear(x)
+
+
+class _Graph:
+    __slots__ = ("codes", "graph", "lengths", "offsets", "out")
+
+    def __init__(self, codes: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor) -> None:
+        self.codes, self.lengths, self.offsets = codes, lengths, offsets
+        self.graph: Any = None
+        self.out: torch.Tensor | None = None
+
+
+class SnacDecoder:
+    """Batched decoder of code windows -> float32 audio, one array per window.
+
+    Not thread-safe: call ``decode`` from one thread (the batcher's).
+    """
+
+    def __init__(self, model: Any, *, device: str = "cpu", noise: NoiseMode = "positional",
+                 noise_seed: int = 0, cuda_graphs: bool = False, graph_max_batch: int = 64,
+                 graph_frame_step: int = 4, graph_max_frames: int = 24) -> None:
+        check_frame_layout({"vq_strides": model.vq_strides,
+                            "attn_window_size": model.attn_window_size})
+        self.device = torch.device(device)
+        self.sample_rate = int(model.sampling_rate)
+        self.hop = int(model.hop_length)
+        self.latent_per_frame = int(model.vq_strides[0])  # 4
+        self.samples_per_frame = self.hop * self.latent_per_frame  # 2048
+        self.codebook_size = int(model.codebook_size)
+        self._state = _BatchState()
+        for m in model.modules():  # fold weight norm into plain weights
+            if parametrize.is_parametrized(m, "weight"):
+                parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
+        self.quantizer: nn.Module = model.quantizer
+        self.decoder: nn.Module = model.decoder
+        self._install_noise(noise, noise_seed, list(model.decoder_rates))
+        for m in self.decoder.modules():
+            if isinstance(m, nn.Conv1d | nn.ConvTranspose1d) and m.kernel_size[0] > 1:
+                m.register_forward_pre_hook(self._mask_hook)
+        self.quantizer.to(self.device).eval()
+        self.decoder.to(self.device).eval()
+        self.support = decoder_support(self.decoder, self.hop)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._use_graphs = cuda_graphs and self.device.type == "cuda"
+        self._graph_max_batch = graph_max_batch
+        self._graph_step = graph_frame_step
+        self._graph_max_frames = graph_max_frames
+        self._pool: Any = None
+
+    # --- construction helpers -------------------------------------------------
+
+    def _install_noise(self, noise: NoiseMode, seed: int, rates: list[int]) -> None:
+        from snac.layers import DecoderBlock, NoiseBlock
+
+        gen = torch.Generator().manual_seed(seed)
+        up = 1
+        for block in (m for m in self.decoder.modules() if isinstance(m, DecoderBlock)):
+            up *= rates.pop(0)
+            seq = block.block
+            for i, layer in enumerate(seq):
+                if isinstance(layer, NoiseBlock):
+                    seq[i] = (nn.Identity() if noise == "off"
+                              else PositionalNoise(layer.linear, up, self._state, gen))
+
+    def _mask_hook(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> Any:
+        lengths = self._state.lengths
+        if lengths is None:
+            return None
+        x = args[0]
+        scale = x.shape[-1] // self._state.t_latent
+        keep = torch.arange(x.shape[-1], device=x.device).unsqueeze(0) < (lengths * scale
+                                                                         ).unsqueeze(1)
+        return (x * keep.unsqueeze(1).to(x.dtype),)
+
+    # --- decoding --------------------------------------------------------------
+
+    def decode(self, windows: Sequence[CodeWindow]) -> list[FloatArray]:
+        """Decode each window; window i gives ``len(codes_i) * samples_per_frame`` samples."""
+        if not windows:
+            return []
+        sizes = [int(w.codes.shape[0]) for w in windows]
+        if min(sizes) < 1:
+            raise ValueError("empty code window")
+        n_max = max(sizes)
+        b = len(windows)
+        codes = np.zeros((b, n_max, FRAME_CODES), dtype=np.int64)
+        for i, w in enumerate(windows):
+            codes[i, :sizes[i]] = w.codes
+        starts = [w.start_frame for w in windows]
+        with torch.inference_mode():
+            graph = self._graph_for(b, n_max) if self._use_graphs else None
+            if graph is not None:
+                out = self._replay(graph, codes, sizes, starts)
+            else:
+                lpf = self.latent_per_frame
+                lengths = (None if min(sizes) == n_max
+                           else torch.tensor(sizes, device=self.device) * lpf)
+                offsets = torch.tensor(starts, device=self.device) * lpf
+                out = self._forward(torch.from_numpy(codes).to(self.device), lengths, offsets)
+            audio = out.float().cpu().numpy()
+        f = self.samples_per_frame
+        return [np.ascontiguousarray(audio[i, :sizes[i] * f]) for i in range(b)]
+
+    def _forward(self, codes: torch.Tensor, lengths: torch.Tensor | None,
+                 offsets: torch.Tensor) -> torch.Tensor:
+        b, n, _ = codes.shape
+        levels = [codes[:, :, 0], codes[:, :, 1:3].reshape(b, 2 * n),
+                  codes[:, :, 3:7].reshape(b, 4 * n)]
+        st = self._state
+        st.lengths, st.offsets, st.t_latent = lengths, offsets, n * self.latent_per_frame
+        try:
+            z = self.quantizer.from_codes(levels)  # type: ignore[operator]
+            y: torch.Tensor = self.decoder(z)
+        finally:
+            st.lengths, st.offsets = None, None
+        return y[:, 0, :]
+
+    # --- CUDA graphs (guarded: only with cuda_graphs=True on a CUDA device) ----
+
+    def graph_buckets(self) -> list[tuple[int, int]]:
+        """Every (batch, frames) shape a graph is captured for."""
+        batches = [1 << i for i in range(int(math.log2(self._graph_max_batch)) + 1)]
+        frames = list(range(self._graph_step, self._graph_max_frames + 1, self._graph_step))
+        return [(b, n) for b in batches for n in frames]
+
+    def warm_up(self) -> int:
+        """Capture every graph bucket now (else each is captured on first use)."""
+        if not self._use_graphs:
+            return 0
+        with torch.inference_mode():
+            for b, n in self.graph_buckets():
+                self._graph_for(b, n)
+        return len(self._graphs)
+
+    def _graph_for(self, b: int, n: int) -> _Graph | None:
+        if b > self._graph_max_batch or n > self._graph_max_frames:
+            return None
+        bb = 1 << max(0, math.ceil(math.log2(b)))
+        nb = math.ceil(n / self._graph_step) * self._graph_step
+        key = (bb, nb)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._capture(bb, nb)
+        return g
+
+    def _capture(self, b: int, n: int) -> _Graph:
+        dev = self.device
+        g = _Graph(torch.zeros((b, n, FRAME_CODES), dtype=torch.int64, device=dev),
+                   torch.full((b,), n * self.latent_per_frame, dtype=torch.int64, device=dev),
+                   torch.zeros((b,), dtype=torch.int64, device=dev))
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._forward(g.codes, g.lengths, g.offsets)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self._pool):
+            g.out = self._forward(g.codes, g.lengths, g.offsets)
+        return g
+
+    def _replay(self, g: _Graph, codes: npt.NDArray[np.int64], sizes: list[int],
+                starts: list[int]) -> torch.Tensor:
+        b, n, _ = codes.shape
+        lpf = self.latent_per_frame
+        full = np.zeros(tuple(g.codes.shape), dtype=np.int64)
+        full[:b, :n] = codes
+        lengths = np.zeros(g.lengths.shape[0], dtype=np.int64)
+        lengths[:b] = np.asarray(sizes) * lpf
+        offsets = np.zeros(g.offsets.shape[0], dtype=np.int64)
+        offsets[:b] = np.asarray(starts) * lpf
+        g.codes.copy_(torch.from_numpy(full), non_blocking=False)
+        g.lengths.copy_(torch.from_numpy(lengths))
+        g.offsets.copy_(torch.from_numpy(offsets))
+        g.graph.replay()
+        assert g.out is not None
+        return g.out[:b]

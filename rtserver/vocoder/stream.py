@@ -1,0 +1,235 @@
+"""The streaming SNAC vocoder: one ``SnacVocoder`` per process, one stream per segment.
+
+    vocoder = SnacVocoder.load(snac_dir)            # or load(None, dummy=True)
+    await vocoder.start()
+    stream = vocoder.open_stream()
+    for frames in ...:                               # int (n, 7), neutral order
+        for chunk in await stream.push(frames):     # PcmChunk, 24 kHz float32
+            ...
+    for chunk in await stream.finish():             # the tail
+        ...
+    await vocoder.close()
+
+Concatenated, a stream's chunks are ``frames * 2048`` samples: the full decode
+of its codes, except near the first seam (see ``chunking.ChunkConfig``).
+Decodes of all streams are batched (``batcher.DecodeBatcher``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.audio.pcm import PcmChunk
+from rtserver.vocoder.batcher import BatcherConfig, BatcherStats, DecodeBatcher
+from rtserver.vocoder.chunking import (
+    SNAC24_EXACT_SUPPORT,
+    ChunkConfig,
+    ChunkPlanner,
+    DecodeJob,
+    SeamJoiner,
+)
+from rtserver.vocoder.snac_model import (
+    FRAME_CODES,
+    SNAC24_CONFIG,
+    CodeWindow,
+    NoiseMode,
+    SnacDecoder,
+    build_snac,
+    load_snac_dir,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VocoderConfig:
+    """Chunking (see ``chunking.ChunkConfig``, same defaults), batching, decoder."""
+
+    first_frames: int = 1
+    growth: float = 2.0
+    max_chunk_frames: int = 16
+    context_samples: int = SNAC24_EXACT_SUPPORT
+    first_lookahead_samples: int = 1024
+    lookahead_samples: int = SNAC24_EXACT_SUPPORT
+    crossfade_samples: int = 256
+    max_batch: int = 64  # windows per decoder call
+    max_batch_frames: int = 1024  # frames per call, padding included
+    max_pad_fraction: float = -1.0  # < 0: 0.25 on CPU, 4.0 on CUDA (launch-bound)
+    noise: str = "positional"  # "positional" | "off" (see snac_model)
+    noise_seed: int = 0
+    cuda_graphs: bool = True  # CUDA only: capture graphs for common shapes
+    graph_max_frames: int = 24  # longest window (frames) a graph is captured for
+    dummy_seed: int = 0  # --dummy-weights: seed of the random weights
+
+    def __post_init__(self) -> None:
+        if self.noise not in ("positional", "off"):
+            raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
+        self.chunk_config(2048)  # validates the chunking fields
+
+    def chunk_config(self, samples_per_frame: int) -> ChunkConfig:
+        return ChunkConfig(samples_per_frame=samples_per_frame, first_frames=self.first_frames,
+                           growth=self.growth, max_chunk_frames=self.max_chunk_frames,
+                           context_samples=self.context_samples,
+                           first_lookahead_samples=self.first_lookahead_samples,
+                           lookahead_samples=self.lookahead_samples,
+                           crossfade_samples=self.crossfade_samples)
+
+    def batcher_config(self, device: str) -> BatcherConfig:
+        pad = self.max_pad_fraction
+        if pad < 0:
+            pad = 4.0 if device.startswith("cuda") else 0.25
+        return BatcherConfig(max_batch=self.max_batch, max_batch_frames=self.max_batch_frames,
+                             max_pad_fraction=pad)
+
+
+class SnacVocoder:
+    """Owns the SNAC decoder and the batcher; ``start`` before opening streams."""
+
+    def __init__(self, decoder: SnacDecoder, config: VocoderConfig | None = None,
+                 device: str = "cpu") -> None:
+        self.config = config or VocoderConfig()
+        self.decoder = decoder
+        self.sample_rate: int = decoder.sample_rate
+        self.samples_per_frame: int = decoder.samples_per_frame
+        self.codebook_size: int = decoder.codebook_size
+        self._chunking = self.config.chunk_config(self.samples_per_frame)
+        self._batcher = DecodeBatcher(decoder, self.config.batcher_config(device))
+
+    @classmethod
+    def load(cls, snac_dir: Path | None, *, dummy: bool = False, device: str = "cpu",
+             config: VocoderConfig | None = None) -> SnacVocoder:
+        """From an upstream-layout folder, or the real 24 kHz shape with random
+        weights (``dummy=True``: speed is real, sound is noise)."""
+        config = config or VocoderConfig()
+        model: Any
+        if dummy:
+            model = build_snac(SNAC24_CONFIG, seed=config.dummy_seed)
+        elif snac_dir is None:
+            raise ValueError("a SNAC folder is needed unless dummy=True")
+        else:
+            model = load_snac_dir(snac_dir)
+        decoder = SnacDecoder(model, device=device, noise=cast(NoiseMode, config.noise),
+                              noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
+                              graph_max_batch=config.max_batch,
+                              graph_max_frames=config.graph_max_frames)
+        return cls(decoder, config, device)
+
+    @property
+    def chunking(self) -> ChunkConfig:
+        return self._chunking
+
+    @property
+    def stats(self) -> BatcherStats:
+        """Batching counters (calls, call sizes, decode seconds) for metrics."""
+        return self._batcher.stats.snapshot()
+
+    async def start(self, *, warm_up: bool = True) -> None:
+        """Start the decode thread; ``warm_up`` runs one decode (and, on CUDA with
+        graphs, captures them all) before returning."""
+        await self._batcher.start()
+        if warm_up:
+            await asyncio.get_running_loop().run_in_executor(
+                self._batcher.executor, self._warm_up)
+
+    def _warm_up(self) -> None:
+        self.decoder.decode([CodeWindow(np.zeros((1, FRAME_CODES), dtype=np.int64), 0)])
+        self.decoder.warm_up()
+
+    async def close(self) -> None:
+        await self._batcher.close()
+
+    def open_stream(self) -> VocoderStream:
+        return VocoderStream(self, self._batcher)
+
+
+class VocoderStream:
+    """One segment's frames in, its PCM out. Calls must not overlap (one task)."""
+
+    __slots__ = ("_base", "_batcher", "_busy", "_closed", "_codes", "_joiner", "_planner",
+                 "_vocoder")
+
+    def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher) -> None:
+        self._vocoder = vocoder
+        self._batcher = batcher
+        self._planner = ChunkPlanner(vocoder.chunking)
+        self._joiner = SeamJoiner(vocoder.samples_per_frame)
+        self._codes = np.zeros((0, FRAME_CODES), dtype=np.int64)
+        self._base = 0  # frame index of self._codes[0]
+        self._busy = False
+        self._closed = False
+
+    @property
+    def frames(self) -> int:
+        """Frames pushed so far."""
+        return self._planner.frames
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def push(self, frames: npt.ArrayLike) -> list[PcmChunk]:
+        """Add frames (int, shape (n, 7), neutral order); return the audio now final."""
+        arr = self._check(frames)
+        self._enter()
+        try:
+            self._codes = np.concatenate([self._codes, arr])
+            return await self._run(self._planner.push(len(arr)))
+        finally:
+            self._busy = False
+
+    async def finish(self) -> list[PcmChunk]:
+        """No more frames: return the rest of the audio (no lookahead left to wait for)."""
+        self._enter()
+        try:
+            chunks = await self._run(self._planner.finish())
+        finally:
+            self._busy = False
+        self.close()
+        return chunks
+
+    def close(self) -> None:
+        """Drop the stream's state (cancel); a push in flight then returns nothing."""
+        self._closed = True
+        self._codes = np.zeros((0, FRAME_CODES), dtype=np.int64)
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise RuntimeError("vocoder stream is closed")
+        if self._busy:
+            raise RuntimeError("overlapping calls on one vocoder stream")
+        self._busy = True
+
+    def _check(self, frames: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        arr = np.asarray(frames)
+        if arr.ndim != 2 or arr.shape[1] != FRAME_CODES:
+            raise ValueError(f"frames must have shape (n, {FRAME_CODES}), not {arr.shape}")
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"frames must be integers, not {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self._vocoder.codebook_size):
+            raise ValueError(f"codes must be in [0, {self._vocoder.codebook_size})")
+        return arr.astype(np.int64, copy=False)
+
+    async def _run(self, jobs: list[DecodeJob]) -> list[PcmChunk]:
+        if not jobs:
+            return []
+        windows = [CodeWindow(self._codes[j.start_frame - self._base:j.end_frame - self._base],
+                              j.start_frame) for j in jobs]
+        keep = self._planner.first_needed_frame()
+        if keep > self._base:  # frames no future window can need
+            self._codes = self._codes[keep - self._base:]
+            self._base = keep
+        try:
+            audio = await self._batcher.decode(windows, urgent=jobs[0].index == 0)
+        except BaseException:
+            self.close()  # the schedule moved on without this audio: unusable
+            raise
+        if self._closed:
+            return []
+        rate = self._vocoder.sample_rate
+        chunks = [PcmChunk(self._joiner.join(j, a), rate) for j, a in zip(jobs, audio,
+                                                                          strict=True)]
+        return [c for c in chunks if len(c.samples)]

@@ -1,0 +1,280 @@
+"""The SNAC vocoder on real (tiny-width) SNAC models: loader, seams, batching, streams.
+
+The tiny model keeps the 24 kHz rates, strides and kernels, so its code layout
+and receptive field are the real ones; ``-m slow`` repeats the seam check on
+the real 24 kHz shape with random weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from snac.layers import NoiseBlock
+
+from rtserver.testing.tiny_snac import write_tiny_snac
+from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
+from rtserver.vocoder.measure import decode_chunked, measure_reach, random_codes, seam_report
+from rtserver.vocoder.snac_model import (
+    SNAC24_CONFIG,
+    TINY_SNAC_CONFIG,
+    CodeWindow,
+    SnacDecoder,
+    build_snac,
+    decoder_support,
+    load_snac_dir,
+)
+from rtserver.vocoder.stream import SnacVocoder, VocoderConfig
+
+F = 2048
+EXACT_DB = -100.0  # "equal to the full decode": float32 rounding sits near -120 dB
+
+
+@pytest.fixture(scope="module")
+def snac_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_snac(tmp_path_factory.mktemp("snac"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def decoder(snac_dir: Path) -> SnacDecoder:
+    return SnacDecoder(load_snac_dir(snac_dir))
+
+
+@pytest.fixture(scope="module")
+def codes() -> np.ndarray:
+    return random_codes(60, seed=7)
+
+
+def full(decoder: SnacDecoder, codes: np.ndarray) -> np.ndarray:
+    return decoder.decode([CodeWindow(codes, 0)])[0]
+
+
+# --- loading -------------------------------------------------------------------
+
+
+def test_tiny_checkpoint_is_in_the_upstream_layout(snac_dir: Path, decoder: SnacDecoder,
+                                                    codes: np.ndarray) -> None:
+    assert sorted(p.name for p in snac_dir.iterdir()) == ["config.json", "pytorch_model.bin"]
+    assert decoder.sample_rate == 24000 and decoder.samples_per_frame == F
+    same = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=1))  # the weights written
+    np.testing.assert_array_equal(full(same, codes[:8]), full(decoder, codes[:8]))
+    other = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=2))
+    assert not np.allclose(full(other, codes[:8]), full(decoder, codes[:8]))
+
+
+def test_loader_reads_safetensors_and_old_weight_norm_keys(tmp_path: Path, decoder: SnacDecoder,
+                                                           codes: np.ndarray) -> None:
+    ref = full(decoder, codes[:6])
+    st_dir = write_tiny_snac(tmp_path / "st", seed=1, safetensors=True)
+    np.testing.assert_array_equal(full(SnacDecoder(load_snac_dir(st_dir)), codes[:6]), ref)
+    # torch.nn.utils.weight_norm (old snac) named the parts weight_g / weight_v
+    legacy = tmp_path / "legacy"
+    write_tiny_snac(legacy, seed=1)
+    state = torch.load(legacy / "pytorch_model.bin", weights_only=True)
+    renamed = {k.replace("parametrizations.weight.original0", "weight_g")
+               .replace("parametrizations.weight.original1", "weight_v"): v
+               for k, v in state.items()}
+    assert any(k.endswith("weight_g") for k in renamed)
+    torch.save(renamed, legacy / "pytorch_model.bin")
+    np.testing.assert_allclose(full(SnacDecoder(load_snac_dir(legacy)), codes[:6]), ref,
+                               atol=1e-6)
+    with pytest.raises(FileNotFoundError):
+        load_snac_dir(tmp_path / "missing")
+
+
+def test_decode_matches_upstream_snac_decode(codes: np.ndarray) -> None:
+    """With the noise term off, the folded/masked decoder is SNAC.decode."""
+    upstream = build_snac(TINY_SNAC_CONFIG, seed=3)
+    for mod in list(upstream.modules()):
+        for name, child in list(mod.named_children()):
+            if isinstance(child, NoiseBlock):
+                setattr(mod, name, torch.nn.Identity())
+    c = torch.from_numpy(codes[:10])
+    with torch.inference_mode():
+        ref = upstream.decode([c[:, 0][None], c[:, 1:3].reshape(1, -1),
+                               c[:, 3:].reshape(1, -1)])[0, 0].numpy()
+    ours = full(SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=3), noise="off"), codes[:10])
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+def test_real_config_shape_and_noise_modes(decoder: SnacDecoder, codes: np.ndarray) -> None:
+    model = build_snac(SNAC24_CONFIG, seed=0)
+    assert model.hop_length == 512 and model.latent_dim == 768
+    assert sum(p.numel() for p in model.decoder.parameters()) > 10_000_000
+    assert decoder_support(model.decoder, 512) == SNAC24_EXACT_SUPPORT
+    quiet = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=1), noise="off")
+    assert not np.allclose(full(quiet, codes[:4]), full(decoder, codes[:4]), atol=1e-3)
+    reseeded = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=1), noise_seed=5)
+    assert not np.allclose(full(reseeded, codes[:4]), full(decoder, codes[:4]), atol=1e-3)
+
+
+def test_receptive_field_measured_within_the_layer_bound(decoder: SnacDecoder) -> None:
+    assert decoder.support == SNAC24_EXACT_SUPPORT
+    reach = {r.threshold_db: r for r in measure_reach(decoder, thresholds_db=(-40.0, -120.0))}
+    any_change = reach[-120.0]
+    # every change stays inside the bound, and the bound is tight (within 1/4 frame)
+    assert SNAC24_EXACT_SUPPORT - 512 < max(any_change.left, any_change.right)
+    assert max(any_change.left, any_change.right) <= SNAC24_EXACT_SUPPORT
+    assert reach[-40.0].left < any_change.left
+
+
+# --- seams -----------------------------------------------------------------------
+
+SCHEDULES = [
+    # (config, first-seam tolerance dB, later-seam tolerance dB)
+    pytest.param(ChunkConfig(), -10.0, EXACT_DB, id="default-first1-g2"),
+    pytest.param(ChunkConfig(first_frames=2, growth=1.5, first_lookahead_samples=2048),
+                 -20.0, EXACT_DB, id="first2-g1.5"),
+    pytest.param(ChunkConfig(first_frames=4, growth=3.0, max_chunk_frames=8,
+                             first_lookahead_samples=SNAC24_EXACT_SUPPORT),
+                 EXACT_DB, EXACT_DB, id="first4-g3-exact"),
+    pytest.param(ChunkConfig(lookahead_samples=3584), -10.0, -30.0, id="lookahead3584"),
+    pytest.param(ChunkConfig(first_frames=2, first_lookahead_samples=2048, crossfade_samples=0,
+                             growth=4.0), -15.0, EXACT_DB, id="first2-no-crossfade-g4"),
+]
+
+
+@pytest.mark.parametrize(("cfg", "first_db", "later_db"), SCHEDULES)
+@pytest.mark.parametrize("pushes", [(1,), (1, 3, 2, 7)], ids=["one-by-one", "bursts"])
+def test_chunked_matches_full_decode_at_every_seam(decoder: SnacDecoder, codes: np.ndarray,
+                                                   cfg: ChunkConfig, first_db: float,
+                                                   later_db: float, pushes: tuple[int, ...]
+                                                   ) -> None:
+    report = seam_report(decoder, codes, cfg, pushes)
+    assert report.total_samples == len(codes) * F
+    assert len(report.seam_db) >= 4
+    assert report.seam_db[0] < first_db
+    assert max(report.seam_db[1:]) < later_db
+    assert report.worst_db <= max(*report.seam_db, EXACT_DB)  # error lives at seams only
+
+
+def test_crossfade_softens_the_approximate_seam(decoder: SnacDecoder, codes: np.ndarray
+                                                ) -> None:
+    faded = seam_report(decoder, codes, ChunkConfig())
+    hard = seam_report(decoder, codes, ChunkConfig(crossfade_samples=0))
+    assert faded.seam_db[0] < hard.seam_db[0] - 3.0
+
+
+@pytest.mark.slow
+def test_real_shape_seams() -> None:
+    real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0))
+    codes = random_codes(60, seed=1)
+    exact = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SUPPORT)
+    report = seam_report(real, codes, exact)
+    assert report.worst_db < EXACT_DB
+    report = seam_report(real, codes, ChunkConfig())
+    assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < EXACT_DB
+
+
+# --- determinism and batching ------------------------------------------------------
+
+
+def test_deterministic_for_the_same_codes(decoder: SnacDecoder, codes: np.ndarray) -> None:
+    a, _ = decode_chunked(decoder, codes[:20], ChunkConfig())
+    b, _ = decode_chunked(SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=1)), codes[:20],
+                          ChunkConfig())
+    np.testing.assert_array_equal(np.concatenate(a), np.concatenate(b))
+
+
+def test_batched_equals_unbatched(decoder: SnacDecoder, codes: np.ndarray) -> None:
+    windows = [CodeWindow(codes[5:20], 5), CodeWindow(codes[0:7], 0),
+               CodeWindow(codes[30:31], 30), CodeWindow(codes[40:55], 40)]
+    batched = decoder.decode(windows)
+    for w, got in zip(windows, batched, strict=True):
+        alone = decoder.decode([w])[0]
+        assert got.shape == alone.shape == (len(w.codes) * F,)
+        np.testing.assert_allclose(got, alone, atol=1e-5)
+
+
+# --- the streaming API -------------------------------------------------------------
+
+
+@pytest.fixture
+async def vocoder(snac_dir: Path) -> AsyncIterator[SnacVocoder]:
+    v = SnacVocoder.load(snac_dir)
+    await v.start()
+    yield v
+    await v.close()
+
+
+def test_vocoder_config_defaults_are_the_chunk_defaults() -> None:
+    assert VocoderConfig().chunk_config(F) == ChunkConfig()
+    with pytest.raises(ValueError):
+        VocoderConfig(noise="loud")
+
+
+async def test_concurrent_streams_are_batched_and_exact(vocoder: SnacVocoder,
+                                                        decoder: SnacDecoder) -> None:
+    per_stream = [random_codes(14, seed=s) for s in range(6)]
+
+    async def speak(frames: np.ndarray) -> np.ndarray:
+        stream = vocoder.open_stream()
+        out = []
+        for i in range(len(frames)):
+            out += await stream.push(frames[i:i + 1])
+        out += await stream.finish()
+        assert all(c.sample_rate == 24000 for c in out)
+        return np.concatenate([c.samples for c in out])
+
+    results = await asyncio.gather(*(speak(f) for f in per_stream))
+    for frames, got in zip(per_stream, results, strict=True):
+        ref, _ = decode_chunked(decoder, frames, vocoder.chunking)
+        np.testing.assert_allclose(got, np.concatenate(ref), atol=1e-5)
+    stats = vocoder.stats
+    assert stats.windows > stats.calls  # some call decoded several streams at once
+    assert max(stats.call_sizes) > 1 and stats.decode_seconds > 0
+    assert sum(n * k for n, k in stats.call_sizes.items()) == stats.windows
+
+
+async def test_stream_first_audio_and_tail(vocoder: SnacVocoder) -> None:
+    stream = vocoder.open_stream()
+    frames = random_codes(5, seed=3)
+    first = await stream.push(frames[:1])
+    assert len(first) == 1 and len(first[0].samples) == F - 1024 - 256
+    rest = await stream.push(frames[1:])
+    tail = await stream.finish()
+    assert sum(len(c.samples) for c in first + rest + tail) == 5 * F
+    assert stream.closed
+
+
+async def test_stream_rejects_misuse(vocoder: SnacVocoder) -> None:
+    stream = vocoder.open_stream()
+    with pytest.raises(ValueError):
+        await stream.push(np.zeros((2, 6), dtype=np.int64))
+    with pytest.raises(ValueError):
+        await stream.push(np.full((1, 7), 4096))
+    with pytest.raises(ValueError):
+        await stream.push(np.zeros((1, 7), dtype=np.float32) + 0.5)
+    assert await stream.push(np.zeros((0, 7), dtype=np.int64)) == []
+    first = asyncio.ensure_future(stream.push(random_codes(30, seed=1)))
+    await asyncio.sleep(0)  # let it reach the decoder
+    with pytest.raises(RuntimeError):
+        await stream.push(random_codes(1))
+    await first
+    await stream.finish()
+    with pytest.raises(RuntimeError):
+        await stream.push(random_codes(1))
+
+
+async def test_cancelled_push_closes_only_its_stream(vocoder: SnacVocoder) -> None:
+    doomed, other = vocoder.open_stream(), vocoder.open_stream()
+    task = asyncio.ensure_future(doomed.push(random_codes(20, seed=2)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert doomed.closed
+    out = await other.push(random_codes(3, seed=4)) + await other.finish()
+    assert sum(len(c.samples) for c in out) == 3 * F
+
+
+async def test_dummy_weights_build_the_real_shape() -> None:
+    v = SnacVocoder.load(None, dummy=True)
+    assert v.sample_rate == 24000 and v.samples_per_frame == F
+    assert v.decoder.support == SNAC24_EXACT_SUPPORT
+    with pytest.raises(ValueError):
+        SnacVocoder.load(None)
