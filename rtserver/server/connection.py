@@ -175,7 +175,7 @@ class Connection:
             self._finish(ctx, "failed")
             self._reply(error_message(err), None)
         except* ConnectionError:
-            return  # the connection is closing; nothing more to say
+            pass  # the connection is closing; nothing more to say
         except* Exception as eg:
             log.exception("context crashed", exc_info=eg.exceptions[0])
             self._finish(ctx, "failed")
