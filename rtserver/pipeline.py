@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rtserver.audio.framer import Framer
+from rtserver.audio.framer import Framer, PcmS16Framer
 from rtserver.audio.opus import OpusConfig, OpusFramer
-from rtserver.audio.framer import PcmS16Framer
 from rtserver.audio.resample import Resampler
 from rtserver.errors import EngineFailed, RtError
 from rtserver.metrics import Metrics
@@ -40,6 +39,8 @@ DEFAULT_AUDIO_MS_PER_CHAR = 65.0
 class _Input:
     kind: str  # "text" | "flush" | "end"
     text: str = ""
+    at: float = 0.0  # when the connection received it
+    end: int = 0  # characters received in the context up to and including it
 
 
 @dataclass(slots=True)
@@ -73,6 +74,8 @@ class ContextPipeline:
     _inputs: asyncio.Queue[_Input] = field(default_factory=asyncio.Queue)
     _segments: asyncio.Queue[Segment | None] = field(default_factory=asyncio.Queue)
     first_segment_at: float | None = None
+    # (characters received so far, arrival time) per fragment, until the first segment
+    _arrivals: list[tuple[int, float]] = field(default_factory=list)
     chars_in: int = 0
     audio_samples: int = 0
     frames_out: int = 0
@@ -83,13 +86,13 @@ class ContextPipeline:
 
     def feed(self, text: str) -> None:
         self.chars_in += len(text)
-        self._inputs.put_nowait(_Input("text", text))
+        self._inputs.put_nowait(_Input("text", text, self.clock(), self.chars_in))
 
     def flush(self) -> None:
-        self._inputs.put_nowait(_Input("flush"))
+        self._inputs.put_nowait(_Input("flush", at=self.clock(), end=self.chars_in))
 
     def end(self) -> None:
-        self._inputs.put_nowait(_Input("end"))
+        self._inputs.put_nowait(_Input("end", at=self.clock(), end=self.chars_in))
 
     def make_framer(self) -> Framer:
         if self._framer is None:
@@ -117,19 +120,34 @@ class ContextPipeline:
                 continue
             now = self.clock()
             if item.kind == "text":
+                if self.first_segment_at is None:
+                    self._arrivals.append((item.end, item.at))
                 self._emit(segmenter.feed(item.text, now))
             elif item.kind == "flush":
-                self._emit(segmenter.flush(now))
+                self._emit(segmenter.flush(now), item)
             else:
-                self._emit(segmenter.end(now))
+                self._emit(segmenter.end(now), item)
                 self._segments.put_nowait(None)
                 return
 
-    def _emit(self, segments: list[Segment]) -> None:
+    def _emit(self, segments: list[Segment], item: _Input | None = None) -> None:
         for seg in segments:
             if self.first_segment_at is None:
-                self.first_segment_at = self.clock()
+                self.first_segment_at = self._completed_at(seg, item)
             self._segments.put_nowait(seg)
+
+    def _completed_at(self, seg: Segment, item: _Input | None) -> float:
+        """When the server had the text that completes ``seg`` (PROTOCOL.md, TTFA):
+        the arrival of the fragment holding its last character, or of the
+        ``flush``/``end`` that released it. A segment the first-segment timer
+        released counts from its last fragment too, so the wait is included.
+        """
+        if item is not None and item.kind != "text":
+            return item.at
+        for end, at in self._arrivals:
+            if end >= seg.source[1]:
+                return at
+        return self.clock()
 
     async def speak_loop(self) -> None:
         framer = self.make_framer()

@@ -21,6 +21,7 @@ from rtserver.protocol.messages import (
     Done,
     ErrorMessage,
     ServerMessage,
+    Started,
     encode_server_message,
 )
 from rtserver.protocol.session import (
@@ -36,7 +37,6 @@ from rtserver.protocol.session import (
     SessionLimits,
     error_message,
 )
-from rtserver.protocol.messages import Started
 from rtserver.protocol.wire import encode_audio_message
 from rtserver.server.outbox import AudioItem, ContextLedger, ControlItem, DeferredItem, Outbox
 from rtserver.server.state import AppState

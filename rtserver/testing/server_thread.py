@@ -76,11 +76,10 @@ class ServerThread:
     def _main(self) -> None:
         try:
             import uvloop
-
-            runner = uvloop.run
         except ImportError:
-            runner = asyncio.run
-        runner(self._serve())
+            asyncio.run(self._serve())
+        else:
+            uvloop.run(self._serve())
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()

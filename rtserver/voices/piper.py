@@ -15,9 +15,10 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.synthesis_pool import SynthesisPool
 
 EMBEDDED_NAME = "en_US-joe-medium"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,8 @@ class PiperVoice:
         samples = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0)
         return PcmChunk(samples=samples, sample_rate=self._info.sample_rate)
 
-    async def _submit(self, fn, *args, first: bool, deadline: float):  # type: ignore[no-untyped-def]
+    async def _submit(self, fn: Callable[..., T], *args: object, first: bool,
+                      deadline: float) -> T:
         future = self._pool.submit(lambda: fn(*args), first=first, deadline=deadline)
         try:
             return await asyncio.wrap_future(future)

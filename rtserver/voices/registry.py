@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from rtserver.config import Config
 from rtserver.errors import ConfigError
 from rtserver.voices.base import Voice
-from rtserver.voices.piper import EMBEDDED_NAME, PiperVoice, embedded_voice_files, \
-    voice_files_from_path
+from rtserver.voices.piper import (
+    EMBEDDED_NAME,
+    PiperVoice,
+    embedded_voice_files,
+    voice_files_from_path,
+)
 from rtserver.voices.synthesis_pool import SynthesisPool
 
 EMBEDDED_SPECS = ("piper", "default", f"piper:{EMBEDDED_NAME}", EMBEDDED_NAME)
