@@ -42,14 +42,11 @@ MAX_BODY = 1 << 20  # 1 MiB of text is far beyond any chat reply
 # --- server -------------------------------------------------------------------------------
 
 def _normalizer() -> Callable[[str], str]:
-    """rtserver's own text normalization, so both speak the same words."""
+    """rtserver's own text normalization (markdown, emoji, ...), so both speak
+    the same words."""
     from rtserver.text.normalize import normalize
 
-    def run(text: str) -> str:
-        out = normalize(text)
-        return out if isinstance(out, str) else str(getattr(out, "text", out))
-
-    return run
+    return normalize
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] | None:

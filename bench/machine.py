@@ -40,7 +40,8 @@ def _libopus() -> str:
         import opuslib.api.info as info
 
         raw = info.get_version_string()
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return text.removeprefix("libopus ")
     except Exception:  # libopus missing or an opuslib without the binding
         return "?"
 

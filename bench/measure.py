@@ -26,6 +26,12 @@ fragment, and that wait is counted against it): the client figure is an
 upper bound on the protocol's, plus the network both ways. Both are reported
 (``server_ttfa_ms`` from `done`).
 
+``ttfa_after_lookahead_ms`` is the protocol's definition for a segmenter that
+needs one fragment of look-ahead: from the next send after the completing one
+when that send went out before the first frame came back (the server may have
+waited for it), else ``ttfa_ms``. It is a lower estimate; ``ttfa_ms`` the
+upper one.
+
 ``ttfa_first_text_ms`` = first frame received − first text fragment sent: what
 a user waits from the moment the chatbot starts talking.
 """
@@ -107,6 +113,15 @@ def completing_send(record: TurnRecord) -> tuple[float, str] | None:
     return carrier, "text"
 
 
+def next_send_after(record: TurnRecord, at: float) -> float | None:
+    """The first text, `flush` or `end` sent after ``at``."""
+    times = [t for t, _, _ in record.text_sent] + [t for t, _ in record.flushes]
+    if record.end_sent_at is not None:
+        times.append(record.end_sent_at)
+    later = [t for t in times if t > at]
+    return min(later) if later else None
+
+
 def gaps_ms(times: Sequence[float]) -> list[float]:
     """Gaps between consecutive arrivals, in milliseconds."""
     return [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
@@ -118,9 +133,12 @@ def analyze(record: TurnRecord, listener: ListenerConfig = DEFAULT_LISTENER
     first_frame = record.arrivals[0][0] if record.arrivals else None
     last_frame = record.arrivals[-1][0] if record.arrivals else None
     completed = completing_send(record)
-    ttfa = ttfa_first = None
+    ttfa = ttfa_first = ttfa_lookahead = None
     if first_frame is not None and completed is not None:
         ttfa = (first_frame - completed[0]) * 1000.0
+        nxt = next_send_after(record, completed[0])
+        ttfa_lookahead = ((first_frame - nxt) * 1000.0 if nxt is not None and nxt < first_frame
+                          else ttfa)
     if first_frame is not None and record.text_sent:
         ttfa_first = (first_frame - record.text_sent[0][0]) * 1000.0
     frames = sum(c for _, _, c in record.arrivals)
@@ -142,6 +160,7 @@ def analyze(record: TurnRecord, listener: ListenerConfig = DEFAULT_LISTENER
         "completed_by": completed[1] if completed else None,
         "ttfa_ms": ttfa,
         "ttfa_first_text_ms": ttfa_first,
+        "ttfa_after_lookahead_ms": ttfa_lookahead,
         "server_ttfa_ms": record.server_ttfa_ms,
         "frames": frames,
         "messages": len(record.arrivals),

@@ -14,9 +14,18 @@ Sample = dict[str, Any]
 GroupKey = tuple[str, str, str, float]  # (system, run, load, level)
 
 
+SYSTEM_ORDER = ("rtserver", "baseline", "orpheus-reference")
+
+
 def group_key(s: Sample) -> GroupKey:
     return (s.get("system", "rtserver"), s.get("run", "sweep"), s.get("load", "?"),
             float(s.get("level", 0)))
+
+
+def _order(key: GroupKey) -> tuple[int, str, str, str, float]:
+    system = key[0]
+    rank = SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER)
+    return (rank, system, key[1], key[2], key[3])
 
 
 def _fmt(v: float | None, digits: int = 0) -> str:
@@ -45,7 +54,7 @@ def aggregate(samples: Iterable[Sample]) -> list[Row]:
     for s in samples:
         groups.setdefault(group_key(s), []).append(s)
     rows = []
-    for key in sorted(groups):
+    for key in sorted(groups, key=_order):
         ss = groups[key]
         spoken = [s for s in ss if s.get("kind") != "connect"]
         failed = [s for s in ss if s.get("outcome") in ("error", "failed")]
@@ -59,6 +68,8 @@ def aggregate(samples: Iterable[Sample]) -> list[Row]:
             "ttfa_ms": summarize([s.get("ttfa_ms") for s in spoken]).as_dict(),
             "ttfa_first_text_ms": summarize([s.get("ttfa_first_text_ms")
                                              for s in spoken]).as_dict(),
+            "ttfa_after_lookahead_ms": summarize([s.get("ttfa_after_lookahead_ms")
+                                                  for s in spoken]).as_dict(),
             "server_ttfa_ms": summarize([s.get("server_ttfa_ms") for s in spoken]).as_dict(),
             "playback_start_ms": summarize([s.get("playback_start_ms")
                                             for s in spoken]).as_dict(),
@@ -103,7 +114,8 @@ class Capacity:
 def capacity(rows: Sequence[Row], ttfa_p99_ms: float) -> list[Capacity]:
     """Per (system, load) of the sweep: most concurrent real-time streams."""
     out = []
-    keys = sorted({(r.system, r.load) for r in rows if r.run in ("sweep", "ramp")})
+    keys = sorted({(r.system, r.load) for r in rows if r.run in ("sweep", "ramp")},
+                  key=lambda k: _order((k[0], "", k[1], 0.0)))
     for system, load in keys:
         levels = sorted((r for r in rows if (r.system, r.load) == (system, load)
                          and r.run in ("sweep", "ramp")), key=lambda r: r.level)
@@ -182,17 +194,22 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
     for r in rows:
         by_load.setdefault((r.system, r.run, r.load), []).append(r)
     lines += ["## Time to first audio (ms)", "",
-              "TTFA = first frame received − the send that completed the first segment; "
+              "TTFA = first frame received − the send that completed the first segment "
+              "(an upper bound: any wait for look-ahead text counts); look-ahead = from the "
+              "next send when it went out before the first frame (a lower estimate); "
               "first-text = from the first fragment; server = `done.ttfa_ms`.", ""]
     for (system, run, load), rs in by_load.items():
         lines += [f"### {system}, {run}, {load}", ""]
         lvl = "arrivals/s" if run == "poisson" else "streams"
         lines += _table(
-            [lvl, "contexts", "p50", "p95", "p99", "max", "first-text p50", "first-text p95",
-             "first-text p99", "server p50", "server p99"],
+            [lvl, "contexts", "p50", "p95", "p99", "max", "look-ahead p50", "look-ahead p99",
+             "first-text p50", "first-text p95", "first-text p99", "server p50",
+             "server p99"],
             ([_level(r.level), str(r.contexts), _fmt(r.stats["ttfa_ms"]["p50"]),
               _fmt(r.stats["ttfa_ms"]["p95"]), _fmt(r.stats["ttfa_ms"]["p99"]),
-              _fmt(r.stats["ttfa_ms"]["max"]), _fmt(r.stats["ttfa_first_text_ms"]["p50"]),
+              _fmt(r.stats["ttfa_ms"]["max"]), _fmt(r.stats["ttfa_after_lookahead_ms"]["p50"]),
+              _fmt(r.stats["ttfa_after_lookahead_ms"]["p99"]),
+              _fmt(r.stats["ttfa_first_text_ms"]["p50"]),
               _fmt(r.stats["ttfa_first_text_ms"]["p95"]),
               _fmt(r.stats["ttfa_first_text_ms"]["p99"]),
               _fmt(r.stats["server_ttfa_ms"]["p50"]), _fmt(r.stats["server_ttfa_ms"]["p99"])]

@@ -174,6 +174,12 @@ def test_first_clause_is_completed_by_the_fragment_carrying_its_punctuation() ->
     assert a["ttfa_ms"] == pytest.approx(55.0)
     assert a["ttfa_first_text_ms"] == pytest.approx(80.0)
     assert a["completed_by"] == "text"
+    # " I" went out at 0.050, before the first frame: a look-ahead server may have
+    # waited for it
+    assert a["ttfa_after_lookahead_ms"] == pytest.approx(30.0)
+    late = analyze(TurnRecord(text=text, frame_ms=20, text_sent=(*sent[:2], (0.09, 6, 8)),
+                              seg0_source=(0, 6), arrivals=((0.080, 0, 3),)))
+    assert late["ttfa_after_lookahead_ms"] == late["ttfa_ms"] == pytest.approx(55.0)
 
 
 def test_closing_quote_and_markdown_after_punctuation_still_count_as_the_boundary() -> None:
