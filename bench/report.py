@@ -146,6 +146,23 @@ def capacity(rows: Sequence[Row], ttfa_p99_ms: float) -> list[Capacity]:
     return out
 
 
+def _config_line(cfg: dict[str, Any]) -> str:
+    return (f"seed {cfg['seed']}; {cfg['duration_s']:g} s per step; fragments "
+            f"'{cfg['fragment']}' at {cfg['tokens_per_s']:g}/s (jitter {cfg['jitter']:g}); "
+            f"{cfg['format']} {cfg['sample_rate']} Hz, {cfg['frame_ms']:g} ms frames")
+
+
+def _run_lines(meta: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    runs = meta.get("runs")
+    if not runs:
+        return [f"- Command: `{meta['command']}`", f"- {_config_line(cfg).capitalize()}"]
+    lines = ["- Runs (merged with `python -m bench.merge`):"]
+    for r in runs:
+        lines.append(f"  - {r['name']} ({r['date']}): `{r['command']}`; "
+                     f"{_config_line(r['config'])}")
+    return lines
+
+
 def _level(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
@@ -168,10 +185,7 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
               if not meta["machine"].get("gpu") else f"- Machine: {meta['machine']}",
               f"- Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
               f"- Server: {meta['server']}; voice {meta.get('voice') or 'default'}",
-              f"- Command: `{meta['command']}`",
-              f"- Seed {cfg['seed']}; {cfg['duration_s']:g} s per step; fragments "
-              f"'{cfg['fragment']}' at {cfg['tokens_per_s']:g}/s (jitter {cfg['jitter']:g}); "
-              f"{cfg['format']} {cfg['sample_rate']} Hz, {cfg['frame_ms']} ms frames",
+              *_run_lines(meta, cfg),
               "- Client and server ran on the same machine over loopback: the client's CPU "
               "time is taken from the server's.", ""]
     if meta.get("notes"):
