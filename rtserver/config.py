@@ -23,6 +23,7 @@ from rtserver.audio.opus import OpusConfig
 from rtserver.errors import ConfigError
 from rtserver.pacing.hints import HintConfig
 from rtserver.text.segmenter import SegmenterConfig
+from rtserver.voices.orpheus import OrpheusConfig
 
 ENV_PREFIX = "RTSERVER_"
 DEFAULT_VOICE = "piper:en_US-joe-medium"
@@ -65,12 +66,6 @@ class VoiceConfig:
     threads: int = 0
     # onnxruntime intra-op threads per synthesis call.
     intra_op_threads: int = 1
-    # Orpheus: local HF Llama dir and SNAC dir, or random weights.
-    orpheus_model_dir: str = ""
-    orpheus_snac_dir: str = ""
-    orpheus_dummy_weights: bool = False
-    orpheus_shape: str = "3b"  # with dummy weights: "3b" or "tiny"
-    device: str = "auto"  # "cpu", "cuda", "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +75,8 @@ class Config:
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     hints: HintConfig = field(default_factory=HintConfig)
     opus: OpusConfig = field(default_factory=OpusConfig)
+    # The vLLM Orpheus family (model and SNAC folders, engine and sampling settings).
+    orpheus: OrpheusConfig = field(default_factory=OrpheusConfig)
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -119,15 +116,57 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     raise ConfigError(f"{where}: {value!r} is not a {getattr(hint, '__name__', hint)}")
 
 
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass a field holds (also through ``X | None``), else None."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return hint
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        for arg in typing.get_args(hint):
+            if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+                return arg
+    return None
+
+
+def _nest(section: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn flat ``sub_field`` / ``sub.field`` keys of nested dataclass fields
+    into tables, so env variables and flags reach them as TOML tables do."""
+    hints = typing.get_type_hints(type(section))
+    nested = {n for n, h in hints.items() if _dataclass_of(h) is not None}
+    out: dict[str, Any] = {}
+    for key, raw in values.items():
+        for sub in nested:
+            for sep in (".", "_"):
+                if key.startswith(sub + sep) and key not in hints:
+                    table = out.setdefault(sub, {})
+                    if isinstance(table, dict):
+                        table[key[len(sub) + 1:]] = raw
+                    break
+            else:
+                continue
+            break
+        else:
+            out[key] = raw
+    return out
+
+
 def _apply(section: Any, values: Mapping[str, Any], source: str) -> Any:
     hints = typing.get_type_hints(type(section))
     names = {f.name for f in dataclasses.fields(section)}
     changes = {}
-    for key, raw in values.items():
+    for key, raw in _nest(section, values).items():
         if key not in names:
             raise ConfigError(f"{source}: unknown setting '{key}'")
-        changes[key] = _coerce(raw, hints[key], f"{source} {key}")
-    return dataclasses.replace(section, **changes) if changes else section
+        sub = _dataclass_of(hints[key])
+        if sub is not None and isinstance(raw, Mapping):
+            current = getattr(section, key)
+            changes[key] = _apply(current if current is not None else sub(), raw,
+                                  f"{source} {key}")
+        else:
+            changes[key] = _coerce(raw, hints[key], f"{source} {key}")
+    try:
+        return dataclasses.replace(section, **changes) if changes else section
+    except (TypeError, ValueError) as exc:  # a section's own __post_init__ checks
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def load_config(

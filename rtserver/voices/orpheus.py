@@ -42,6 +42,7 @@ from rtserver.engine.base import (
     TokenRequest,
 )
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
+from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices import orpheus_tokens as ot
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from rtserver.config import Config
-    from rtserver.vocoder.stream import VocoderConfig
 
 log = logging.getLogger(__name__)
 
@@ -353,20 +353,9 @@ async def load_orpheus_voice(cfg: OrpheusConfig, speaker: str | None = None) -> 
 
 
 def orpheus_config_from(config: Config, spec: str) -> tuple[OrpheusConfig, str]:
-    """OrpheusConfig and speaker for a voice spec ``orpheus[:speaker]``.
-
-    Uses ``config.orpheus`` when the main Config has that section, else the
-    ``orpheus_*`` fields of ``[voice]``.
-    """
+    """OrpheusConfig (the ``[orpheus]`` section) and speaker for ``orpheus[:speaker]``."""
     _, _, speaker = spec.partition(":")
-    section = getattr(config, "orpheus", None)
-    if isinstance(section, OrpheusConfig):
-        cfg = section
-    else:
-        vc = config.voice
-        cfg = OrpheusConfig(model_dir=vc.orpheus_model_dir, snac_dir=vc.orpheus_snac_dir,
-                            dummy_weights=vc.orpheus_dummy_weights, shape=vc.orpheus_shape,
-                            device=vc.device)
+    cfg = config.orpheus
     return cfg, speaker or cfg.speaker
 
 

@@ -1,0 +1,55 @@
+"""The vocoder's settings: a light module (no torch), so the server's one
+Config can hold it without importing the decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
+
+if TYPE_CHECKING:
+    from rtserver.vocoder.batcher import BatcherConfig
+
+
+@dataclass(frozen=True, slots=True)
+class VocoderConfig:
+    """Chunking (see ``chunking.ChunkConfig``, same defaults), batching, decoder."""
+
+    first_frames: int = 1
+    growth: float = 2.0
+    max_chunk_frames: int = 16
+    context_samples: int = SNAC24_EXACT_SUPPORT
+    first_lookahead_samples: int = 1024
+    lookahead_samples: int = SNAC24_EXACT_SUPPORT
+    crossfade_samples: int = 256
+    max_batch: int = 64  # windows per decoder call
+    max_batch_frames: int = 1024  # frames per call, padding included
+    max_pad_fraction: float = -1.0  # < 0: 0.25 on CPU, 4.0 on CUDA (launch-bound)
+    noise: str = "positional"  # "positional" | "off" (see snac_model)
+    noise_seed: int = 0
+    cuda_graphs: bool = True  # CUDA only: capture graphs for common shapes
+    graph_max_frames: int = 24  # longest window (frames) a graph is captured for
+    dummy_seed: int = 0  # --dummy-weights: seed of the random weights
+
+    def __post_init__(self) -> None:
+        if self.noise not in ("positional", "off"):
+            raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
+        self.chunk_config(2048)  # validates the chunking fields
+
+    def chunk_config(self, samples_per_frame: int) -> ChunkConfig:
+        return ChunkConfig(samples_per_frame=samples_per_frame, first_frames=self.first_frames,
+                           growth=self.growth, max_chunk_frames=self.max_chunk_frames,
+                           context_samples=self.context_samples,
+                           first_lookahead_samples=self.first_lookahead_samples,
+                           lookahead_samples=self.lookahead_samples,
+                           crossfade_samples=self.crossfade_samples)
+
+    def batcher_config(self, device: str) -> BatcherConfig:
+        from rtserver.vocoder.batcher import BatcherConfig
+
+        pad = self.max_pad_fraction
+        if pad < 0:
+            pad = 4.0 if device.startswith("cuda") else 0.25
+        return BatcherConfig(max_batch=self.max_batch, max_batch_frames=self.max_batch_frames,
+                             max_pad_fraction=pad)
