@@ -1,0 +1,1 @@
+"""Pacing: jitter-buffer hints for the listener (pure maths)."""

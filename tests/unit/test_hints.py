@@ -1,0 +1,215 @@
+"""Jitter-buffer hints: hand-checked examples, the no-underrun guarantee, the tracker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from rtserver.pacing.hints import (
+    HintConfig,
+    PlaybackResult,
+    RtfTracker,
+    ahead_ms,
+    planned_arrivals,
+    prebuffer_ms,
+    simulate_playback,
+    start_delay_ms,
+)
+
+# --- closed-form examples, worked by hand ------------------------------------------------
+
+
+def test_design_formula_by_hand() -> None:
+    # d = 100, 300, 1000; D = 0, 100, 400; r = 0.5:
+    # k=0: 0; k=1: 0.5*(400-100) - 100 = 50; k=2: 0.5*(1400-100) - 400 = 250
+    assert start_delay_ms(0.5, [100, 300, 1000], 0) == 250
+    assert start_delay_ms(0.5, [100, 300, 1000], 40) == 290
+    # faster than needed everywhere: only J is left
+    assert start_delay_ms(0.1, [200, 200, 200], 40) == 40
+    assert start_delay_ms(2.0, [], 40) == 40
+
+
+def test_prebuffer_by_hand() -> None:
+    # same chunks: arrivals 50, 200, 700. Start on chunk 0 (t=50): chunk 1 plays
+    # at 150 < 200. On chunk 1 (t=200): chunk 2 plays at 600 < 700. So wait
+    # for chunk 2: D_2 + J = 400 + 40.
+    assert planned_arrivals(0.5, [100, 300, 1000]) == [(50, 100), (200, 300), (700, 1000)]
+    assert prebuffer_ms(0.5, [100, 300, 1000], 40) == 440
+    # equal 1 s chunks at r = 0.5: chunk 1 is out 500 ms after chunk 0 and plays
+    # 1000 ms after it; 500 + J <= 1000, so start on chunk 0: hint J.
+    assert prebuffer_ms(0.5, [1000, 1000, 1000], 40) == 40
+    # r = 0.95: 950 + 40 <= 1000 still starts on chunk 0; r = 0.98: 980 + 40 > 1000,
+    # wait for chunk 1. From chunk 1 on: chunk 2 comes 980 ms after it and plays
+    # 1000 ms after it: fine. Hint D_1 + J.
+    assert prebuffer_ms(0.95, [1000, 1000, 1000], 40) == 40
+    assert prebuffer_ms(0.98, [1000, 1000, 1000], 40) == 1040
+
+
+def test_piper_next_segment_waits_for_its_text() -> None:
+    # Piper: one chunk per segment; segment 1's text arrives 900 ms in.
+    # r = 0.2: segment 0 (600 ms) is out at 120; segment 1 (2000 ms) starts at 900,
+    # out at 1300, plays at 120 + 600 = 720 if we start at once: too late.
+    chunks, ready = [600.0, 2000.0], [0.0, 900.0]
+    assert planned_arrivals(0.2, chunks, ready) == [(120, 600), (1300, 2000)]
+    hint = prebuffer_ms(0.2, chunks, 40, ready_ms=ready)
+    assert hint == 640  # wait for segment 1: D_1 + J
+    assert prebuffer_ms(0.2, chunks, 40) == 40  # with the text already there: start at once
+    arrivals = planned_arrivals(0.2, chunks, ready)
+    assert simulate_playback(arrivals, 40).underruns == 1
+    assert simulate_playback(arrivals, hint).underruns == 0
+
+
+def test_design_formula_as_an_audio_threshold_underruns_where_the_hint_does_not() -> None:
+    chunks = [100.0, 300.0, 1000.0]
+    arrivals = planned_arrivals(0.5, chunks)
+    played = simulate_playback(arrivals, start_delay_ms(0.5, chunks, 40))
+    assert played == PlaybackResult(underruns=1, stalled_ms=100.0, start_ms=200.0)
+    assert simulate_playback(arrivals, prebuffer_ms(0.5, chunks, 40)) == PlaybackResult(
+        underruns=0, stalled_ms=0.0, start_ms=700.0)
+
+
+def test_simulated_listener_by_hand() -> None:
+    arrivals = [(0.0, 100.0), (100.0, 100.0), (350.0, 100.0), (360.0, 100.0), (370.0, 200.0)]
+    # prebuffer 0: plays 0-200, runs dry at 200, chunk 2 at 350: one underrun, then
+    # 350-750 without a gap (chunks 3 and 4 come while chunk 2 plays)
+    assert simulate_playback(arrivals, 0) == PlaybackResult(1, 150.0, 0.0)
+    # prebuffer 200: starts at 100; dry at 300; resumes once 200 ms are back: at 360
+    assert simulate_playback(arrivals, 200) == PlaybackResult(1, 60.0, 100.0)
+    # more than there will ever be: start once everything is in
+    assert simulate_playback(arrivals, 10_000) == PlaybackResult(0, 0.0, 370.0)
+    assert simulate_playback([], 100) == PlaybackResult(0, 0.0, None)
+    with pytest.raises(ValueError):
+        simulate_playback([(10.0, 20.0), (5.0, 20.0)], 0)
+
+
+def test_hint_is_never_negative_and_validates() -> None:
+    assert prebuffer_ms(0.0, [100, 100], 0) == 0
+    assert start_delay_ms(0.0, [100, 100], 0) == 0
+    assert prebuffer_ms(0.3, [], 40) == 40
+    for bad in ((-0.1, [100.0], 40.0), (0.5, [-1.0], 40.0), (0.5, [100.0], -1.0)):
+        with pytest.raises(ValueError):
+            prebuffer_ms(*bad)
+    with pytest.raises(ValueError):
+        prebuffer_ms(0.5, [100.0, 100.0], 40.0, ready_ms=[0.0])
+
+
+def test_ahead() -> None:
+    assert ahead_ms(1000.0, 400.0) == 600.0
+    assert ahead_ms(200.0, 500.0) == -300.0
+
+
+# --- the guarantee, on generated timelines ----------------------------------------------
+
+chunk_lists = st.lists(st.floats(1.0, 3000.0), min_size=1, max_size=8)
+
+
+@st.composite
+def timelines(draw: st.DrawFn, gated: bool) -> tuple[float, list[float], float, list[float] | None,
+                                                      list[float], list[float], float]:
+    chunks = draw(chunk_lists)
+    n = len(chunks)
+    r = draw(st.floats(0.0, 2.0))
+    jitter = draw(st.floats(0.0, 100.0))
+    ready = None
+    if gated:  # when each segment's text arrives (in order)
+        gaps = draw(st.lists(st.floats(0.0, 3000.0), min_size=n, max_size=n))
+        ready = [sum(gaps[:k]) for k in range(n)]
+    slow = draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))  # actual r / planned r
+    delays = draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))  # of J
+    offset = draw(st.floats(0.0, 500.0))  # time to first audio: shifts everything
+    return r, chunks, jitter, ready, slow, delays, offset
+
+
+def _actual_arrivals(r: float, chunks: list[float], jitter: float, ready: list[float] | None,
+                     slow: list[float], delays: list[float],
+                     offset: float) -> list[tuple[float, float]]:
+    made = planned_arrivals([r * s for s in slow], chunks, ready)
+    out: list[tuple[float, float]] = []
+    last = 0.0
+    for (at, d), delay in zip(made, delays, strict=True):
+        last = max(last, offset + at + jitter * delay)  # TCP delivers in order
+        out.append((last, d))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(timelines(gated=False))
+def test_no_underrun_with_constant_and_jittered_r_up_to_the_planned_r(
+        case: tuple[float, list[float], float, None, list[float], list[float], float]) -> None:
+    r, chunks, jitter, ready, slow, delays, offset = case
+    hint = prebuffer_ms(r, chunks, jitter)
+    assert hint >= 0
+    assert simulate_playback(planned_arrivals(r, chunks), hint).underruns == 0  # constant r
+    actual = _actual_arrivals(r, chunks, jitter, ready, slow, delays, offset)
+    assert simulate_playback(actual, hint).underruns == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(timelines(gated=True))
+def test_no_underrun_when_segments_wait_for_their_text(
+        case: tuple[float, list[float], float, list[float], list[float], list[float],
+                    float]) -> None:
+    r, chunks, jitter, ready, slow, delays, offset = case
+    hint = prebuffer_ms(r, chunks, jitter, ready_ms=ready)
+    actual = _actual_arrivals(r, chunks, jitter, ready, slow, delays, offset)
+    assert simulate_playback(actual, hint).underruns == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=chunk_lists, r=st.floats(0.05, 2.0))
+def test_the_hint_is_the_least_that_works(chunks: list[float], r: float) -> None:
+    hint = prebuffer_ms(r, chunks, 0.0)
+    assume(hint > 0)  # else the listener starts on chunk 0 and nothing is smaller
+    # the hint is D_m + 1 ms, m > 0: buffering only D_m starts on chunk m-1
+    before = [sum(chunks[:k]) for k in range(len(chunks) + 1)]
+    (m,) = [k for k, b in enumerate(before) if b == pytest.approx(hint - 1.0)]
+    assert m > 0
+    assert simulate_playback(planned_arrivals(r, chunks), before[m]).underruns >= 1
+
+
+def test_a_smaller_prebuffer_underruns_in_a_constructed_case() -> None:
+    chunks = [200.0, 400.0, 800.0, 1600.0]  # growing chunks, r = 0.6
+    arrivals = planned_arrivals(0.6, chunks)
+    hint = prebuffer_ms(0.6, chunks, 40.0)
+    assert simulate_playback(arrivals, hint).underruns == 0
+    assert simulate_playback(arrivals, hint - 41.0).underruns >= 1
+
+
+# --- the r tracker -------------------------------------------------------------------------
+
+
+def test_tracker_default_then_nearest_rank_percentiles() -> None:
+    tracker = RtfTracker(HintConfig(default_rtf=0.7, window=10))
+    assert tracker.percentile(0.95) == 0.7 and tracker.count == 0
+    for i in range(1, 11):  # r = 0.1 .. 1.0
+        tracker.observe(gen_s=i * 0.1, audio_s=1.0)
+    assert tracker.percentile(0.5) == pytest.approx(0.5)
+    assert tracker.percentile(0.95) == pytest.approx(1.0)
+    assert tracker.percentile(0.0) == pytest.approx(0.1)
+    assert tracker.percentile() == pytest.approx(1.0)  # the config's 0.95
+
+
+def test_tracker_follows_load_through_its_window() -> None:
+    tracker = RtfTracker(HintConfig(window=8))
+    for _ in range(8):
+        tracker.observe(0.1, 1.0)  # idle: r = 0.1
+    assert tracker.percentile(0.95) == pytest.approx(0.1)
+    tracker.observe(0.9, 1.0)  # load arrives
+    assert tracker.percentile(0.95) == pytest.approx(0.9)
+    for _ in range(8):
+        tracker.observe(0.3, 1.0)
+    assert tracker.percentile(0.95) == pytest.approx(0.3)  # the spike has left the window
+    assert tracker.count == 8 and tracker.total == 17
+
+
+def test_tracker_and_config_validate() -> None:
+    tracker = RtfTracker()
+    for gen, audio in ((-1.0, 1.0), (1.0, 0.0), (float("nan"), 1.0), (1.0, float("inf"))):
+        with pytest.raises(ValueError):
+            tracker.observe(gen, audio)
+    with pytest.raises(ValueError):
+        tracker.percentile(1.5)
+    for bad in ({"jitter_ms": -1.0}, {"percentile": 2.0}, {"window": 0}, {"default_rtf": 0.0}):
+        with pytest.raises(ValueError):
+            HintConfig(**bad)
