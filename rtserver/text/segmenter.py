@@ -76,6 +76,15 @@ class SegmenterConfig:
     # typing). 250 ms is a few LLM decode steps and well under the pause a
     # listener notices.
     first_wait_s: float = 0.25
+    # A first clause or sentence that ends the text so far (``Sure thing,``
+    # with nothing after the comma yet) goes out this long after its
+    # punctuation arrived, without waiting for the next token's space. Only
+    # ``, ; ! ?`` and a sentence-ending ``.`` after a letter qualify (never a
+    # ``:``, which may be ``https:``, nor one after a digit, which may be
+    # ``1,000``); more text within the wait decides as usual. 20 ms is less
+    # than one token at 40 tokens/s, so a flowing LLM stream is not cut early;
+    # 0 turns it off.
+    first_punct_wait_s: float = 0.02
     # Longest segment, in characters of normalized text. 250 is about 15 s of
     # speech: long enough for whole sentences, short enough that one segment
     # does not hold back a voice's next request.
@@ -93,6 +102,8 @@ class SegmenterConfig:
             raise ValueError("first_max_words must be >= 0")
         if self.first_wait_s < 0:
             raise ValueError("first_wait_s must be >= 0")
+        if self.first_punct_wait_s < 0:
+            raise ValueError("first_punct_wait_s must be >= 0")
         if self.cjk_chars_per_word < 1:
             raise ValueError("cjk_chars_per_word must be >= 1")
 
@@ -142,7 +153,8 @@ class Segmenter:
 
     __slots__ = (
         "_buf", "_cfg", "_cjk", "_cjk_kind", "_ended", "_first_alnum", "_index", "_last_clause",
-        "_last_space", "_maybe", "_never", "_norm", "_pos", "_timer_at", "_timer_cut", "_units",
+        "_last_space", "_maybe", "_never", "_norm", "_pos", "_punct_at", "_punct_cut", "_timer_at",
+        "_timer_cut", "_units",
         "_word_alnum", "_word_start",
     )
 
@@ -169,6 +181,8 @@ class Segmenter:
         self._cjk_kind = _NONE
         self._timer_cut = 0
         self._timer_at: float | None = None
+        self._punct_cut = 0  # first segment: punctuation ends the buffer (eager cut)
+        self._punct_at: float | None = None
 
     # --- public API ---------------------------------------------------------------
 
@@ -203,16 +217,23 @@ class Segmenter:
         return out
 
     def deadline(self) -> float | None:
-        """When :meth:`poll` must be called (the first-segment timer), or None."""
+        """When :meth:`poll` must be called (the first-segment timers), or None."""
         if self._ended or self._index:
             return None
+        if self._punct_at is not None and (self._timer_at is None
+                                           or self._punct_at < self._timer_at):
+            return self._punct_at
         return self._timer_at
 
     def poll(self, now: float) -> list[Segment]:
-        """Fire the first-segment timer if it is due."""
+        """Fire a first-segment timer if it is due."""
         out: list[Segment] = []
-        at = self.deadline()
-        if at is not None and now >= at:
+        if self._ended or self._index:
+            return out
+        if self._punct_at is not None and now >= self._punct_at:
+            self._emit(self._punct_cut, out)
+            self._scan(now, out)
+        elif self._timer_at is not None and now >= self._timer_at:
             self._emit(self._timer_cut, out)
             self._scan(now, out)
         return out
@@ -312,8 +333,29 @@ class Segmenter:
                 continue
             i += 1
         self._pos = i
+        self._eager_punct(now)
 
-    def _word_end(self, i: int, now: float, limit: int, wait: float) -> int:
+    def _eager_punct(self, now: float) -> None:
+        """Arm the eager cut when the first segment's text ends in punctuation."""
+        self._punct_cut = 0
+        self._punct_at = None
+        wait = self._cfg.first_punct_wait_s
+        chars = self._buf.chars
+        n = len(chars)
+        if self._index or wait <= 0 or n < 2 or self._norm.pending or self._word_start < 0:
+            return
+        j = n
+        while j > self._word_start and chars[j - 1] in _CLOSERS:
+            j -= 1
+        if j - 1 <= self._word_start or chars[j - 1] not in ",;!?." or not chars[j - 2].isalpha():
+            return
+        if self._classify(self._word_start, n) not in (_SENT, _CLAUSE) or not self._valid(n):
+            return
+        self._punct_cut = n
+        self._punct_at = now + wait
+
+    def _word_end(
+            self, i: int, now: float, limit: int, wait: float) -> int:
         """White space at ``i`` ended a word: record cut candidates; returns a cut or 0."""
         kind = self._classify(self._word_start, i)
         if self._word_alnum:
