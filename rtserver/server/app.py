@@ -43,6 +43,8 @@ class RtServer:
         self.voice_set = await load_voices(self.config, progress=say)
         self.app = AppState(config=self.config, voices=self.voice_set.voices,
                             default_voice=self.voice_set.default)
+        for collector in self.voice_set.collectors:
+            self.app.metrics.registry.register(collector)
         s = self.config.server
         self._server = await serve(
             self._handle, s.host, s.port, compression=None,

@@ -1,0 +1,105 @@
+"""The whole server on the vLLM Orpheus voice (CPU wheel, tiny random model).
+
+Over the WebSocket, like any client: a reply streamed in comes back as audio
+of the length the engine generated, a cancel frees the vLLM request, two
+contexts run at once, and vLLM's own stats reach /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from rtserver.client import AudioFrames, RtClient
+from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.tiny_orpheus import write_tiny_orpheus
+from rtserver.testing.tiny_snac import write_tiny_snac
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SAMPLES_PER_FRAME = 2048  # SNAC 24 kHz: one frame of 7 Orpheus tokens
+
+
+@pytest.fixture(scope="module")
+def orpheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    root = Path(tmp_path_factory.mktemp("orpheus-server"))
+    model = write_tiny_orpheus(root / "llama", shape="tiny")
+    snac = write_tiny_snac(root / "snac", seed=0)
+    srv = ServerThread.with_settings(
+        voice={"default": "orpheus:tara", "extra": "piper"},
+        orpheus={"model_dir": str(model), "snac_dir": str(snac), "dummy_weights": True,
+                 "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
+                 "max_num_seqs": 8},
+    ).start(timeout=600)
+    yield srv
+    srv.stop()
+
+
+def metric(srv: ServerThread, name: str) -> float:
+    with urllib.request.urlopen(srv.http + "/metrics", timeout=10) as resp:
+        body = resp.read().decode()
+    values = [float(line.split()[-1]) for line in body.splitlines()
+              if line.startswith(name + " ") or line.startswith(name + "{")]
+    assert values, f"{name} not in /metrics"
+    return sum(values)
+
+
+async def test_orpheus_reply_over_the_websocket(orpheus_server: ServerThread) -> None:
+    async with RtClient.connect(orpheus_server.url) as client:
+        assert client.ready.voices[0] == "orpheus:tara"
+        assert "orpheus:leah" in client.ready.voices and "piper:en_US-joe-medium" in \
+            client.ready.voices
+        ctx = await client.start(format="pcm_s16le", sample_rate=24000)
+        for word in "Hello there, this is a test.".split(" "):
+            await ctx.send_text(word + " ")
+        await ctx.end()
+        result = await ctx.collect()
+    assert result.ok, (result.error, result.failure)
+    assert result.started.voice == "orpheus:tara"
+    assert result.pcm is not None
+    # 24 kHz PCM: every SNAC frame is 2048 samples; the framer pads the last 20 ms frame
+    frame = 24000 * 20 // 1000
+    samples = len(result.pcm)
+    assert samples % frame == 0
+    assert samples >= SAMPLES_PER_FRAME
+    assert result.done is not None and result.done.ttfa_ms is not None
+
+
+async def test_cancel_frees_the_vllm_request(orpheus_server: ServerThread) -> None:
+    long_text = "This reply is long enough to keep the engine busy for a while. " * 4
+    async with RtClient.connect(orpheus_server.url) as client:
+        ctx = await client.start()
+        await ctx.send_text(long_text)
+        await ctx.end()
+        async for event in ctx.events():
+            if isinstance(event, AudioFrames):
+                break
+        assert metric(orpheus_server, "rtserver_engine_in_flight_requests") >= 1
+        cancelled = await ctx.cancel()
+        assert cancelled.last_seq >= 0
+        deadline = time.monotonic() + 10
+        while metric(orpheus_server, "rtserver_engine_in_flight_requests") > 0:
+            assert time.monotonic() < deadline, "the vLLM request was not freed"
+            await asyncio.sleep(0.05)
+
+
+async def test_two_orpheus_contexts_at_once(orpheus_server: ServerThread) -> None:
+    async with RtClient.connect(orpheus_server.url) as client:
+        a = await client.start("a", voice="orpheus:tara")
+        b = await client.start("b", voice="orpheus:leo")
+        await a.send_text("First speaker here.")
+        await b.send_text("Second speaker here.")
+        await a.end()
+        await b.end()
+        ra, rb = await asyncio.gather(a.collect(), b.collect())
+    assert ra.ok and rb.ok
+    assert ra.started.voice == "orpheus:tara" and rb.started.voice == "orpheus:leo"
+    assert ra.frame_count > 0 and rb.frame_count > 0
+    assert metric(orpheus_server, "rtserver_engine_requests_total") >= 2
