@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import json
+import os
 import shlex
 import sys
 import time
@@ -27,7 +28,7 @@ from typing import Any
 from bench import loads, metrics, plots, report
 from bench.listener import ListenerConfig
 from bench.loads import PATTERNS, LoadConfig, RunState
-from bench.machine import describe, versions
+from bench.machine import CpuMeter, describe, versions
 from bench.server_proc import SpawnedServer, aget, free_port, http_base, rtserver_command, spawn
 from bench.stats import percentile
 from rtserver.client import RtClient
@@ -207,16 +208,23 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             progress.step(label, length)
             before = await _scrape(url, args.token) if system == "rtserver" else None
             ticker = asyncio.create_task(_ticker(progress))
+            meter = CpuMeter([os.getpid(), *(s.pid for s in servers)])
+            meter.start()
             t0 = time.monotonic()
             try:
                 await body
             finally:
                 ticker.cancel()
             took = time.monotonic() - t0
+            cpu = meter.stop(took)
             after = await _scrape(url, args.token) if system == "rtserver" else None
             progress.line(final=True)
+            if cpu["other_cores"] is not None and cpu["other_cores"] > 0.2:
+                progress.say(f"warning: other processes used {cpu['other_cores']:.2f} cores "
+                             "during this step")
             steps.append({"system": system, "run": run_kind, "load": _load_label(cfg),
                           "level": level, "seconds": took, "contexts": len(progress.samples),
+                          "cpu": cpu, "spawned": bool(servers),
                           "metrics": metrics.delta(before, after) if before and after
                           else None})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,54 @@ def versions() -> dict[str, str]:
             continue
     out["libopus"] = _libopus()
     return out
+
+
+def _ticks() -> float:
+    return float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
+def cpu_busy_s() -> float | None:
+    """CPU seconds all cores spent busy since boot (/proc/stat), None off Linux."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _ticks()
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) process ``pid`` has used."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rsplit(")", 1)[1].split()  # the name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _ticks()
+
+
+@dataclass
+class CpuMeter:
+    """CPU use over a step: ours (the bench and the servers it spawned) and the
+    rest of the machine's, which competes with the server under test."""
+
+    pids: list[int]
+    _busy: float | None = None
+    _ours: dict[int, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self._busy = cpu_busy_s()
+        self._ours = {p: v for p in self.pids if (v := process_cpu_s(p)) is not None}
+
+    def stop(self, seconds: float) -> dict[str, float | None]:
+        busy = cpu_busy_s()
+        if self._busy is None or busy is None or seconds <= 0:
+            return {"busy_cores": None, "ours_cores": None, "other_cores": None}
+        ours = 0.0
+        for p, before in self._ours.items():
+            now = process_cpu_s(p)
+            if now is not None:
+                ours += now - before
+        total = busy - self._busy
+        return {"busy_cores": total / seconds, "ours_cores": ours / seconds,
+                "other_cores": max(0.0, total - ours) / seconds}

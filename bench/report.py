@@ -273,6 +273,18 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
                         ratio_lines)
         lines.append("")
     steps = results.get("steps", [])
+    cpu_rows = [[st["system"], st["load"], _level(st["level"]), _fmt(st["seconds"]),
+                 _fmt(st["cpu"]["busy_cores"], 2), _fmt(st["cpu"]["ours_cores"], 2),
+                 _fmt(st["cpu"]["other_cores"], 2)]
+                for st in steps if (st.get("cpu") or {}).get("busy_cores") is not None]
+    if cpu_rows:
+        lines += ["## CPU during each step", "",
+                  "Cores busy on the whole machine, by the bench and the servers it started "
+                  "(ours), and by every other process (other: load that competed with the "
+                  "server under test; near 0 for a clean run).", ""]
+        lines += _table(["system", "load", "level", "seconds", "busy cores", "ours",
+                         "other"], cpu_rows)
+        lines.append("")
     server_rows = []
     for st in steps:
         m = st.get("metrics") or {}
