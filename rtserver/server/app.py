@@ -76,16 +76,18 @@ class RtServer:
             self._connections.discard(conn)
 
     async def drain(self) -> None:
-        """Stop taking connections, let contexts finish, then close with 1001."""
+        """Drain: ``/ready`` answers 503 and new WebSockets are refused (the
+        listener stays up, so probes see why), open contexts finish, then every
+        connection closes with 1001."""
         if self.app is None or self._server is None:
             return
         self.app.draining = True
-        self._server.close(close_connections=False)
         deadline = asyncio.get_running_loop().time() + self.config.server.drain_timeout_s
         while any(c.live for c in self._connections):
             if asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.05)
+        self._server.close(close_connections=False)
         for conn in list(self._connections):
             with contextlib.suppress(Exception):
                 await conn.ws.close(CloseCode.GOING_AWAY, "server going away")

@@ -40,6 +40,11 @@ async def test_reply_streamed_word_by_word_comes_back_as_speech(server: ServerTh
     assert result.done.frames == result.frame_count
     assert result.pcm is not None
     speech_like(result.pcm, result.started.sample_rate, REPLY)
+    # a jitter-buffer hint comes before the first frame
+    hints = result.times.buffer_hints
+    assert hints and result.times.first_frame_at is not None
+    assert hints[0][0] <= result.times.first_frame_at
+    assert hints[0][1].prebuffer_ms > 0 and hints[0][1].rtf > 0
     segments = [seg for _, seg in result.times.segments]
     assert len(segments) >= 3
     assert segments[0].seq == 0 and [s.index for s in segments] == list(range(len(segments)))
