@@ -73,7 +73,8 @@ class SnacVocoder:
         decoder = SnacDecoder(model, device=device, noise=cast(NoiseMode, config.noise),
                               noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
                               graph_max_batch=config.max_batch,
-                              graph_max_frames=config.graph_max_frames)
+                              graph_max_frames=config.graph_max_frames,
+                              graph_max_cells=config.graph_max_cells)
         return cls(decoder, config, device)
 
     @property
@@ -95,7 +96,7 @@ class SnacVocoder:
 
     def _warm_up(self) -> None:
         self.decoder.decode([CodeWindow(np.zeros((1, FRAME_CODES), dtype=np.int64), 0)])
-        self.decoder.warm_up()
+        self.decoder.warm_up(self.config.max_batch_frames)
 
     async def close(self) -> None:
         await self._batcher.close()
