@@ -5,8 +5,9 @@ goes into the next call: one worker task takes all queued windows, groups them
 by length (padding within a group is exact, see ``snac_model``), and runs the
 group decodes on one dedicated thread, so the event loop never waits on a
 decode (torch releases the GIL while it computes). Windows marked ``urgent``
-(a stream's first chunk: it sets TTFA) jump the queue when it is longer than
-one batch.
+(a stream's first chunk: it sets TTFA) are taken first, decoded in their own
+call ahead of the rest, and answered as soon as that call returns. A first
+chunk arriving during a call waits for it: ``max_batch_frames`` bounds that.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ class WindowDecoder(Protocol):
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
     max_batch: int = 64  # windows per decoder call
-    max_batch_frames: int = 1024  # frames per call, padding included (bounds memory)
+    # Frames per call, padding included: bounds memory, and the wait of a first
+    # chunk that arrives while a call runs (H200, eager: ~0.06 ms a frame at 64
+    # windows, so 512 frames ~ 32 ms).
+    max_batch_frames: int = 512
     # A group's padded frames may exceed its real frames by this fraction
     # (0: only equal lengths share a call). GPU calls are launch-bound: pad
     # freely; CPU cost follows frames: pad little.
@@ -89,10 +93,11 @@ def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]
 
 
 class _Item:
-    __slots__ = ("future", "window")
+    __slots__ = ("future", "urgent", "window")
 
-    def __init__(self, window: CodeWindow, future: asyncio.Future[FloatArray]) -> None:
-        self.window, self.future = window, future
+    def __init__(self, window: CodeWindow, future: asyncio.Future[FloatArray],
+                 urgent: bool) -> None:
+        self.window, self.future, self.urgent = window, future, urgent
 
 
 class DecodeBatcher:
@@ -156,7 +161,7 @@ class DecodeBatcher:
         if not windows:
             return []
         loop = asyncio.get_running_loop()
-        items = [_Item(w, loop.create_future()) for w in windows]
+        items = [_Item(w, loop.create_future(), urgent) for w in windows]
         (self._urgent if urgent else self._normal).extend(items)
         self._wake.set()
         return list(await asyncio.gather(*(i.future for i in items)))
@@ -193,39 +198,45 @@ class DecodeBatcher:
             await asyncio.sleep(0)  # let the rest of this tick's pushes queue up
             while batch := self._take():
                 self.stats.ticks += 1
-                windows = [i.window for i in batch]
-                try:
-                    results = await loop.run_in_executor(self._executor, self._decode_groups,
-                                                         windows)
-                except Exception as exc:
-                    self.stats.failures += 1
-                    for item in batch:
-                        if not item.future.done():
-                            item.future.set_exception(exc)
-                    continue
-                for item, audio in zip(batch, results, strict=True):
-                    if not item.future.done():
-                        item.future.set_result(audio)
+                # Urgent windows (first chunks) form their own calls, run first,
+                # and their streams get audio before the rest of the tick is done.
+                for urgent in (True, False):
+                    part = [i for i in batch if i.urgent == urgent]
+                    lengths = [int(i.window.codes.shape[0]) for i in part]
+                    for group in group_windows(lengths, self._cfg):
+                        await self._call(loop, [part[g] for g in group])
             if self._closing:
                 return
 
-    def _decode_groups(self, windows: list[CodeWindow]) -> list[FloatArray]:
-        """Runs on the decode thread."""
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
+        items = [i for i in items if not i.future.done()]  # drop cancelled streams'
+        if not items:
+            return
+        try:
+            results = await loop.run_in_executor(self._executor, self._decode,
+                                                 [i.window for i in items])
+        except Exception as exc:
+            self.stats.failures += 1
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        for item, audio in zip(items, results, strict=True):
+            if not item.future.done():
+                item.future.set_result(audio)
+
+    def _decode(self, windows: list[CodeWindow]) -> list[FloatArray]:
+        """One decoder call; runs on the decode thread."""
         lengths = [int(w.codes.shape[0]) for w in windows]
-        out: list[FloatArray | None] = [None] * len(windows)
+        t0 = self._clock()
+        audio = self._decoder.decode(windows)
         st = self.stats
-        for group in group_windows(lengths, self._cfg):
-            t0 = self._clock()
-            audio = self._decoder.decode([windows[i] for i in group])
-            st.decode_seconds += self._clock() - t0
-            st.calls += 1
-            st.call_sizes[len(group)] = st.call_sizes.get(len(group), 0) + 1
-            st.windows += len(group)
-            st.frames += sum(lengths[i] for i in group)
-            st.padded_frames += max(lengths[i] for i in group) * len(group)
-            for i, a in zip(group, audio, strict=True):
-                out[i] = a
-        done = [a for a in out if a is not None]
-        if len(done) != len(windows):
-            raise RuntimeError("decoder returned fewer arrays than windows")
-        return done
+        st.decode_seconds += self._clock() - t0
+        if len(audio) != len(windows):
+            raise RuntimeError("decoder returned a different number of arrays than windows")
+        st.calls += 1
+        st.call_sizes[len(windows)] = st.call_sizes.get(len(windows), 0) + 1
+        st.windows += len(windows)
+        st.frames += sum(lengths)
+        st.padded_frames += max(lengths) * len(windows)
+        return audio

@@ -24,7 +24,7 @@ class VocoderConfig:
     lookahead_samples: int = SNAC24_EXACT_SUPPORT
     crossfade_samples: int = 256
     max_batch: int = 64  # windows per decoder call
-    max_batch_frames: int = 1024  # frames per call, padding included
+    max_batch_frames: int = 512  # frames per call, padding included (see batcher)
     max_pad_fraction: float = -1.0  # < 0: 0.25 on CPU, 4.0 on CUDA (launch-bound)
     noise: str = "positional"  # "positional" | "off" (see snac_model)
     noise_seed: int = 0

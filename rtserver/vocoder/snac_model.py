@@ -27,7 +27,13 @@ of one full decode except the noise source:
   computes what the row alone computes: padding cannot reach kept samples.
 
 Optional on CUDA: graphs captured per (batch bucket, frame bucket) shape and
-replayed; with the masking above, bucket padding is exact too.
+replayed; with the masking above, bucket padding is exact too (on an H200 the
+replayed and eager outputs were bit-identical). Precision on CUDA: cuDNN's
+default TF32 convolutions put a decode about -51 dB (re RMS, random weights)
+from the float32 CPU decode, and two window shapes that far from each other;
+this module leaves that process-wide switch alone (vLLM shares the process).
+Measured there too: float16 weights -44 dB for ~1.1-1.4x at 64+ windows,
+bfloat16 -25 dB: neither is offered.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import torch
 from snac.layers import NoiseBlock
 
 from rtserver.testing.tiny_snac import write_tiny_snac
+from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher, group_windows
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
 from rtserver.vocoder.measure import decode_chunked, measure_reach, random_codes, seam_report
 from rtserver.vocoder.snac_model import (
@@ -188,6 +189,39 @@ def test_batched_equals_unbatched(decoder: SnacDecoder, codes: np.ndarray) -> No
         alone = decoder.decode([w])[0]
         assert got.shape == alone.shape == (len(w.codes) * F,)
         np.testing.assert_allclose(got, alone, atol=1e-5)
+
+
+def test_group_windows_bounds_size_padding_and_waste() -> None:
+    cfg = BatcherConfig(max_batch=4, max_batch_frames=40, max_pad_fraction=0.25)
+    lengths = [1, 1, 7, 9, 21, 21, 13, 13, 13, 13, 13, 2, 40]
+    groups = group_windows(lengths, cfg)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        sizes = [lengths[i] for i in g]
+        padded = max(sizes) * len(sizes)
+        assert len(g) <= cfg.max_batch
+        assert len(g) == 1 or (padded <= cfg.max_batch_frames
+                               and padded <= 1.25 * sum(sizes))
+
+
+async def test_urgent_windows_are_answered_first(decoder: SnacDecoder, codes: np.ndarray
+                                                 ) -> None:
+    batcher = DecodeBatcher(decoder)
+    await batcher.start()
+    order: list[str] = []
+    try:
+        normal = asyncio.ensure_future(batcher.decode(
+            [CodeWindow(codes[i:i + 12], i) for i in range(0, 36, 12)]))
+        urgent = asyncio.ensure_future(batcher.decode([CodeWindow(codes[:1], 0)], urgent=True))
+        normal.add_done_callback(lambda _: order.append("normal"))
+        urgent.add_done_callback(lambda _: order.append("urgent"))
+        await asyncio.gather(normal, urgent)
+    finally:
+        await batcher.close()
+    assert order == ["urgent", "normal"]
+    assert batcher.stats.calls == 2 and batcher.stats.call_sizes == {1: 1, 3: 1}
+    with pytest.raises(RuntimeError):
+        await batcher.decode([CodeWindow(codes[:1], 0)])
 
 
 # --- the streaming API -------------------------------------------------------------
