@@ -163,8 +163,7 @@ class ContextPipeline:
                 context=self.context, index=seg.index, text=seg.text, source=seg.source,
                 seq=self.ledger.next_seq), self.context)
             pending_start = True
-            if seg.index == 0 or self.ledger.first_sent_at is None:
-                self._send_hint(seg, first_chunk_ms=None)
+            self._send_hint(seg, first_chunk_ms=None)  # fresh rtf for a resume after underrun
             request = SynthesisRequest(
                 text=seg.text, request_id=f"{self.context}-{next(_request_ids)}",
                 first=seg.index == 0, deadline=self._deadline())
@@ -214,9 +213,11 @@ class ContextPipeline:
         stats = self.voice_stats
         rtf = stats.rtf.percentile(self.hint_config.percentile)
         first_ms = first_chunk_ms or len(seg.text) * stats.audio_ms_per_char
-        # Later segments are unknown yet: plan for typical full sentences.
-        later_ms = self.segmenter_config.max_chars * 0.5 * stats.audio_ms_per_char
-        chunks = [first_ms, *([later_ms] * 3)]
+        # Later segments are unknown yet: plan for the longest the segmenter
+        # allows each of them (its growing limits), which bounds the wait.
+        limit = self.segmenter_config.limit
+        chunks = [first_ms, *(limit(seg.index + k) * stats.audio_ms_per_char
+                              for k in range(1, 5))]
         hint = prebuffer_ms(rtf, chunks, self.hint_config.jitter_ms)
         elapsed = 0.0
         if self.ledger.first_sent_at is not None:

@@ -89,6 +89,16 @@ class SegmenterConfig:
     # speech: long enough for whole sentences, short enough that one segment
     # does not hold back a voice's next request.
     max_chars: int = 250
+    # Segments after the first grow towards ``max_chars``: segment k (k >= 1)
+    # holds at most ``second_max_chars * growth**(k-1)`` characters. A voice
+    # that synthesizes a segment whole (Piper) must finish segment k+1 while
+    # segment k plays; a long sentence right after a short first clause would
+    # otherwise need a long prebuffer. Growing limits keep each synthesis
+    # shorter than the audio ahead of it (with r < 1/growth the buffer never
+    # runs dry; the chunk schedule of DESIGN.md, applied to segments). 80
+    # characters is ~5 s of speech; 0 turns the schedule off.
+    second_max_chars: int = 80
+    growth: float = 2.0
     # For the word limit, this many CJK characters (no spaces between words)
     # count as one word: a CJK character is about one syllable.
     cjk_chars_per_word: int = 2
@@ -98,6 +108,11 @@ class SegmenterConfig:
     def __post_init__(self) -> None:
         if self.max_chars < 1:
             raise ValueError("max_chars must be >= 1")
+        if self.second_max_chars < 0:
+            raise ValueError("second_max_chars must be >= 0")
+        if self.growth < 1:
+            raise ValueError("growth must be >= 1")
+
         if self.first_max_words < 0:
             raise ValueError("first_max_words must be >= 0")
         if self.first_wait_s < 0:
@@ -106,6 +121,13 @@ class SegmenterConfig:
             raise ValueError("first_punct_wait_s must be >= 0")
         if self.cjk_chars_per_word < 1:
             raise ValueError("cjk_chars_per_word must be >= 1")
+
+    def limit(self, index: int) -> int:
+        """Most characters segment ``index`` may hold."""
+        if index == 0 or self.second_max_chars == 0:
+            return self.max_chars
+        grown = self.second_max_chars * self.growth ** min(index - 1, 64)
+        return max(1, min(self.max_chars, int(grown)))
 
 
 # --- character classes ------------------------------------------------------------
@@ -152,10 +174,27 @@ class Segmenter:
     """
 
     __slots__ = (
-        "_buf", "_cfg", "_cjk", "_cjk_kind", "_ended", "_first_alnum", "_index", "_last_clause",
-        "_last_space", "_maybe", "_never", "_norm", "_pos", "_punct_at", "_punct_cut", "_timer_at",
-        "_timer_cut", "_units",
-        "_word_alnum", "_word_start",
+        "_buf",
+        "_cfg",
+        "_cjk",
+        "_cjk_kind",
+        "_ended",
+        "_first_alnum",
+        "_index",
+        "_last_clause",
+        "_last_space",
+        "_limit",
+        "_maybe",
+        "_never",
+        "_norm",
+        "_pos",
+        "_punct_at",
+        "_punct_cut",
+        "_timer_at",
+        "_timer_cut",
+        "_units",
+        "_word_alnum",
+        "_word_start",
     )
 
     def __init__(self, config: SegmenterConfig = SegmenterConfig()) -> None:
@@ -164,6 +203,7 @@ class Segmenter:
         self._norm = Normalizer(self._buf)
         self._never = _NEVER_END | {a.lower().rstrip(".") for a in config.extra_abbreviations}
         self._index = 0
+        self._limit = config.limit(0)
         self._ended = False
         self._reset()
 
@@ -249,7 +289,6 @@ class Segmenter:
         cfg = self._cfg
         limit = cfg.first_max_words * cfg.cjk_chars_per_word
         wait = cfg.first_wait_s
-        max_chars = cfg.max_chars
         i = self._pos
         while i < len(chars):
             ch = chars[i]
@@ -327,7 +366,7 @@ class Segmenter:
             elif ch in _CJK_CLAUSE:
                 self._cjk = i + 1
                 self._cjk_kind = _CLAUSE
-            if i >= max_chars:  # this character would make the segment too long
+            if i >= self._limit:  # this character would make the segment too long
                 self._emit(self._split_point(), out)
                 i = 0
                 continue
@@ -421,8 +460,8 @@ class Segmenter:
         return _NONE
 
     def _split_point(self) -> int:
-        """Where to cut a segment that would exceed ``max_chars`` (always 1..max_chars)."""
-        max_chars = self._cfg.max_chars
+        """Where to cut a segment that would exceed its limit (always 1..limit)."""
+        max_chars = self._cfg.limit(self._index)
         clause, space = self._last_clause, self._last_space
         # The last clause break, unless it lies in the first third and a later
         # space gives a fuller segment.
@@ -452,6 +491,7 @@ class Segmenter:
                 text = " ".join(text.split())
             out.append(Segment(self._index, text, (buf.starts[a], buf.ends[b])))
             self._index += 1
+            self._limit = self._cfg.limit(self._index)
         while cut < len(chars) and chars[cut] in " \n":
             cut += 1
         del chars[:cut], buf.starts[:cut], buf.ends[:cut]

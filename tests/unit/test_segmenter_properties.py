@@ -11,7 +11,7 @@ Invariants (``N = normalize(text)``, segments from any fragmentation):
    quotes, or a hard cut of a word longer than ``max_chars``, made just
    before a combining mark if one falls there). Texts are
    non-empty, stripped, without line breaks or double spaces.
-3. No segment is longer than ``max_chars``.
+3. No segment is longer than its limit (``config.limit(index)`` <= ``max_chars``).
 4. Sources are non-empty, inside the text, increasing and non-overlapping;
    each segment's non-space characters appear, in order, in its source slice.
    Indices are 0, 1, 2, ...
@@ -64,6 +64,8 @@ configs = st.builds(
     first_wait_s=st.just(0.25),
     max_chars=st.sampled_from([1, 2, 5, 12, 30, 80, 250]),
     cjk_chars_per_word=st.integers(1, 3),
+    second_max_chars=st.sampled_from([0, 1, 7, 20, 80]),
+    growth=st.sampled_from([1.0, 1.5, 2.0]),
 )
 
 
@@ -105,7 +107,7 @@ def check_invariants(text: str, out: list[Segment], config: SegmenterConfig) -> 
         raw = iter(text[a:b])
         assert all(ch in raw for ch in s.text if ch != " "), s  # a subsequence
     # 3: length
-    assert all(len(s.text) <= config.max_chars for s in out)
+    assert all(len(s.text) <= config.limit(s.index) <= config.max_chars for s in out)
     # 2: the segments are normalize(text), cut
     whole = normalize(text)
     pos = 0
@@ -117,7 +119,7 @@ def check_invariants(text: str, out: list[Segment], config: SegmenterConfig) -> 
             else:  # no white space at this cut: only where text has none to give
                 left, right = out[k - 1].text, s.text
                 bare = left.rstrip(CLOSERS) or left
-                back = config.max_chars - len(left)  # a hard cut moved back by a combining mark
+                back = config.limit(k - 1) - len(left)  # a hard cut moved back by a combining mark
                 assert (_cjk_edge(bare[-1]) or _cjk_edge(right[0]) or back == 0
                         or (0 < back < len(right) and unicodedata.combining(right[back]))
                         ), (left, right)
