@@ -144,7 +144,7 @@ class Connection:
         start = action.start
         voice = self.app.voices[action.voice]
         ledger = ContextLedger(context=start.context, stream=action.stream,
-                               frame_ms=start.frame_ms)
+                               frame_ms=start.frame_ms, voice=voice.info.name)
         cfg = self.app.config
         pipeline = ContextPipeline(
             context=start.context, start=start, voice=voice, ledger=ledger,
@@ -210,11 +210,7 @@ class Connection:
         log.info("context %s voice=%s chars=%d audio_ms=%d ttfa_ms=%s rtf=%.3f heard_ms=%.0f",
                  outcome, pipe.voice.info.name, pipe.chars_in, audio_ms,
                  "-" if ttfa is None else f"{ttfa:.1f}",
-                 self.app.voice_stats[self._voice_key(pipe)].rtf.percentile(0.5),
-                 live.heard_ms)
-
-    def _voice_key(self, pipe: ContextPipeline) -> str:
-        return pipe.voice.info.name
+                 pipe.voice_stats.rtf.percentile(0.5), live.heard_ms)
 
     # --- writing ---------------------------------------------------------------
 
@@ -233,15 +229,13 @@ class Connection:
                 ledger.last_sent_seq = item.seq + len(item.frames) - 1
                 if ledger.first_sent_at is None:
                     ledger.first_sent_at = time.monotonic()
-                metrics.audio_seconds.labels(self.live[ledger.context].pipeline.voice.info.name
-                                             if ledger.context in self.live else "").inc(
-                    item.audio_ms / 1000.0)
+                metrics.audio_seconds.labels(ledger.voice).inc(item.audio_ms / 1000.0)
                 metrics.queue_ms.observe(self.outbox.queued_ms)
             elif isinstance(item, ControlItem):
                 data = encode_server_message(item.message)
             else:
                 assert isinstance(item, DeferredItem)
-                message = item.build()  # type: ignore[operator]
+                message = item.build()
                 if isinstance(message, Done):
                     self._finish(item.context, "done")
                 data = encode_server_message(message)

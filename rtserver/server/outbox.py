@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rtserver.protocol.messages import ServerMessage
@@ -27,6 +28,7 @@ class ContextLedger:
     context: str
     stream: int
     frame_ms: int
+    voice: str = ""
     next_seq: int = 0  # next seq to assign (producer side)
     last_sent_seq: int = -1  # highest seq handed to the socket
     first_sent_at: float | None = None  # loop time the first frame was sent
@@ -56,7 +58,7 @@ class ControlItem:
 class DeferredItem:
     """A message built at send time (``done`` needs the first frame's send time)."""
 
-    build: object  # Callable[[], ServerMessage]
+    build: Callable[[], ServerMessage]
     context: str
 
 
@@ -92,7 +94,7 @@ class Outbox:
             self._items.append(item)
         self._nonempty.set()
 
-    def put_deferred(self, build: object, context: str) -> None:
+    def put_deferred(self, build: Callable[[], ServerMessage], context: str) -> None:
         self._items.append(DeferredItem(build, context))
         self._nonempty.set()
 
