@@ -266,12 +266,14 @@ async function stop() {
 
 function failTurn(turn, why) {
   turn.stats.errors.push(why);
+  if (turn.finished) return;
   turn.stats.state = "error";
   turn.finished = true;
   turn.tFinished = now();
   if (turn.feeder) turn.feeder.cancel();
   if (turn.decoder) turn.decoder.close();
   player.fence(turn.id);
+  graph.dirty = true;
   updateButtons();
 }
 
@@ -282,6 +284,11 @@ function finish(turn, state) {
   turn.stats.state = state;
   log("·", `turn ${turn.id} ${state}: played ${samplesToMs(turn.stats.playedSamples).toFixed(0)} ms`);
   updateButtons();
+  if (turn === current) {
+    graph.dirty = true;
+    renderTranscript(); // the final picture, without waiting for the next frame
+    renderStats();
+  }
 }
 
 // The server's audio for the turn is complete and decoded: let the player
@@ -354,8 +361,13 @@ function onServerMessage(msg) {
       if (turn.drained) finish(turn, "done");
       break;
     case "error":
-      s.errors.push(`${msg.code}: ${msg.message}`);
-      if (msg.code === "engine_failed" || msg.code === "internal") failTurn(turn, msg.code);
+      // Before `started` the context was refused (unknown_voice, too_many_contexts,
+      // overloaded, ...); after it, engine_failed and internal end it.
+      if (!turn.started || msg.code === "engine_failed" || msg.code === "internal") {
+        failTurn(turn, `${msg.code}: ${msg.message}`);
+      } else {
+        s.errors.push(`${msg.code}: ${msg.message}`);
+      }
       break;
     default:
       break;
@@ -596,6 +608,8 @@ function renderStats() {
     stateEl.textContent = s.state;
     stateEl.className = `state ${s.state}`;
   }
+  set("errors", s.errors.length ? s.errors[s.errors.length - 1] : "");
+  $("errors").hidden = s.errors.length === 0;
   const bargeIn = s.stoppedAtMs !== null;
   $("bargein").hidden = !bargeIn;
   if (bargeIn) {
@@ -613,8 +627,11 @@ function updateButtons() {
 function frame() {
   renderTranscript();
   renderStats();
-  // The graph stops scrolling when the turn is over.
-  graph.draw(current && current.tFinished !== null ? current.tFinished + 500 : now());
+  // The graph moves while a turn is live, and stops when it is over.
+  const live = current && !current.finished;
+  if (live || graph.dirty) {
+    graph.draw(current && current.tFinished !== null ? current.tFinished + 500 : now());
+  }
   requestAnimationFrame(frame);
 }
 
@@ -639,6 +656,7 @@ async function main() {
   $("stop").addEventListener("click", () => stop());
   $("audio-blocked").addEventListener("click", () => audioReady());
   $("preview").textContent = CANNED_REPLY;
+  window.addEventListener("resize", () => (graph.dirty = true));
   conn = new Connection(streamUrl(location, TOKEN));
   requestAnimationFrame(frame);
   if (params.get("autoplay") === "1") {

@@ -55,7 +55,10 @@ export class BufferGraph {
     this.targets = keep(this.targets);
     this.marks = keep(this.marks);
     const maxMs = Math.max(1000, ...this.points.map((p) => p.ms), ...this.targets.map((p) => p.ms));
-    const top = Math.ceil(maxMs / 1000) * 1000;
+    // A round tick step (ms) giving at most 5 steps up to the top.
+    const tick = [250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 30000]
+      .find((st) => maxMs / st <= 5) || 60000;
+    const top = Math.ceil(maxMs / tick) * tick;
     const pad = {l: 44, r: 8, t: 8, b: 18};
     const x = (t) => pad.l + ((t - t0) / span) * (w - pad.l - pad.r);
     const y = (ms) => h - pad.b - (ms / top) * (h - pad.t - pad.b);
@@ -67,19 +70,20 @@ export class BufferGraph {
     g.fillStyle = text;
     g.strokeStyle = grid;
     g.lineWidth = 1;
-    for (let ms = 0; ms <= top; ms += top / 4) {
+    for (let ms = 0; ms <= top; ms += tick) {
       g.beginPath();
       g.moveTo(pad.l, y(ms) + 0.5);
       g.lineTo(w - pad.r, y(ms) + 0.5);
       g.stroke();
-      g.fillText(ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : `${ms} ms`, 4, y(ms) + 4);
+      g.fillText(ms >= 1000 || ms === 0 ? `${ms / 1000} s` : `${ms} ms`, 4, y(ms) + 4);
     }
     // Seconds since the turn started.
     const stepS = span > 30000 ? 10 : span > 15000 ? 5 : 2;
     const firstS = Math.ceil((t0 - this.origin) / 1000 / stepS) * stepS;
     for (let sec = firstS; this.origin + sec * 1000 <= t0 + span; sec += stepS) {
-      g.textAlign = sec === firstS ? "left" : "center";
-      g.fillText(`${sec} s`, x(this.origin + sec * 1000), h - 4);
+      const px = x(this.origin + sec * 1000);
+      g.textAlign = sec === firstS ? "left" : px > w - pad.r - 12 ? "right" : "center";
+      g.fillText(`${sec} s`, px, h - 4);
     }
     g.textAlign = "left";
     // Prebuffer target (the server's `buffer` hint).
