@@ -30,7 +30,7 @@ class VocoderConfig:
     noise_seed: int = 0
     cuda_graphs: bool = True  # CUDA only: capture graphs for common shapes
     graph_max_frames: int = 24  # longest window (frames) a graph is captured for
-    graph_max_cells: int = 128  # largest batch x frames a graph is captured for
+    graph_max_cells: int = 512  # largest batch x frames a graph is captured for (50 graphs)
     dummy_seed: int = 0  # --dummy-weights: seed of the random weights
 
     def __post_init__(self) -> None:
