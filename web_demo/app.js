@@ -39,8 +39,8 @@ function freshStats(context, mode) {
     startLatencyMs: null, // first text sent -> playback started (TTFA + prebuffer)
     framesReceived: 0, lastSeq: -1, seqGaps: 0, serverFrames: null, serverAudioMs: null,
     decodedRawSamples: 0, decodedSamples: 0, playedSamples: 0, playedRms: 0, bufferedMs: 0,
-    underruns: 0, stalledMs: 0, prebufferMs: null, rtf: null, aheadMs: null, segments: 0,
-    tokensSent: 0, charsSent: 0,
+    underruns: 0, underrunLog: [], stalledMs: 0, prebufferMs: null, rtf: null, aheadMs: null, segments: 0,
+    tokensSent: 0, tokensTotal: null, charsSent: 0,
     // Barge-in.
     stoppedAtMs: null, playedAtStopMs: null, cancelledLastSeq: null, framesAfterStop: 0,
     framesAfterCancelled: 0, playedAfterFence: 0, droppedAfterFence: 0, fadeSamples: 0,
@@ -229,7 +229,9 @@ async function speak(text) {
 
 async function simulate(rate) {
   const turn = await beginTurn("chatbot");
-  turn.feeder = streamTokens(tokenize(CANNED_REPLY), rate, (tok) => sendText(turn, tok),
+  const tokens = tokenize(CANNED_REPLY);
+  turn.stats.tokensTotal = tokens.length;
+  turn.feeder = streamTokens(tokens, rate, (tok) => sendText(turn, tok),
     () => sendEnd(turn));
   return turn.id;
 }
@@ -499,7 +501,16 @@ function onPlayerStatus(m) {
     if (params.get("stop_after_ms") !== null && turn.n === 1) setTimeout(stop, stopAfter);
   } else if (m.event === "underrun") {
     graph.mark(t, "underrun");
-    log("!", `underrun at ${samplesToMs(m.played).toFixed(0)} ms played`);
+    // Who was late: audio the page had received but not yet played would
+    // point at the page; received == played points at the server or network.
+    const frameMs = s.frameMs || FRAME_MS;
+    const u = {
+      atMs: round1(t - turn.tStart), playedMs: round1(samplesToMs(m.played)),
+      receivedMs: round1(s.framesReceived * frameMs - ((s.preSkip || 0) / 48000) * 1000),
+      decodedMs: round1(samplesToMs(s.decodedSamples)), prebufferMs: s.prebufferMs, rtf: s.rtf,
+    };
+    s.underrunLog.push(u);
+    log("!", `underrun: ${JSON.stringify(u)}`);
   } else if (m.event === "drained") {
     turn.drained = true;
     if (turn.serverDone) finish(turn, "done");
