@@ -144,6 +144,11 @@ class EngineStats:
     prefix_cache_hits_total: int = 0
     preemptions_total: int = 0
     ttft: HistogramData = field(default_factory=lambda: HistogramAccumulator().snapshot())
+    # Submit -> the 7th and the 28th token: one Orpheus/SNAC frame (the first
+    # audio a chunked vocoder can start on) and four frames (where the upstream
+    # reference decoder emits its first audio).
+    t7: HistogramData = field(default_factory=lambda: HistogramAccumulator().snapshot())
+    t28: HistogramData = field(default_factory=lambda: HistogramAccumulator().snapshot())
 
 
 class TokenEngine(Protocol):
@@ -214,7 +219,13 @@ class EngineCollector(Collector):
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache",
                       s.prefix_cache_hits_total)
         yield counter("preemptions", "Requests preempted by the scheduler", s.preemptions_total)
-        h = HistogramMetricFamily(f"{p}_time_to_first_token_seconds",
-                                  "From submitting a request to its first token", labels=labels)
-        h.add_metric(values, s.ttft.cumulative(), s.ttft.total)
-        yield h
+        for name, doc, data in (
+                ("time_to_first_token_seconds", "From submitting a request to its first token",
+                 s.ttft),
+                ("time_to_7_tokens_seconds", "From submitting a request to its 7th token",
+                 s.t7),
+                ("time_to_28_tokens_seconds", "From submitting a request to its 28th token",
+                 s.t28)):
+            h = HistogramMetricFamily(f"{p}_{name}", doc, labels=labels)
+            h.add_metric(values, data.cumulative(), data.total)
+            yield h

@@ -17,8 +17,9 @@ DELTA streams of token ids out.
   ``allowed_token_ids`` (V1 runner only) instead; ``"none"`` leaves checking
   to the voice.
 - Stats: a ``StatLoggerBase`` fed by vLLM after every engine step (running,
-  waiting, KV cache usage, prefix cache, tokens) plus our own time to first
-  token, measured from submitting to the first delta as the voice sees it.
+  waiting, KV cache usage, prefix cache, tokens) plus our own time to the
+  first, the 7th and the 28th token, measured from submitting to the delta
+  that carries it, as the voice sees it.
 """
 
 from __future__ import annotations
@@ -199,6 +200,8 @@ class _LiveStats:
         self.aborted = 0
         self.failed = 0
         self.ttft = HistogramAccumulator()
+        self.t7 = HistogramAccumulator()
+        self.t28 = HistogramAccumulator()
 
 
 class _StatSink(StatLoggerBase):
@@ -352,6 +355,7 @@ class VllmEngine:
         self._open.add(rid)
         started = time.monotonic()
         first = True
+        count = 0  # tokens so far, for the time to 7 and to 28 tokens
         finished = False
         try:
             stream = llm.generate(prompt, params, rid, priority=priority)
@@ -365,6 +369,11 @@ class VllmEngine:
                         if first:
                             first = False
                             live.ttft.observe(time.monotonic() - started)
+                        before, count = count, count + len(ids)
+                        if before < 7 <= count:
+                            live.t7.observe(time.monotonic() - started)
+                        if before < 28 <= count:
+                            live.t28.observe(time.monotonic() - started)
                         yield ids
                     if completion is not None and completion.finish_reason == "abort":
                         live.aborted += 1
@@ -413,6 +422,8 @@ class VllmEngine:
             prefix_cache_hits_total=live.prefix_hits,
             preemptions_total=live.preemptions,
             ttft=live.ttft.snapshot(),
+            t7=live.t7.snapshot(),
+            t28=live.t28.snapshot(),
         )
 
     def unfinished_requests(self) -> int:

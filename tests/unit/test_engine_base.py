@@ -34,3 +34,20 @@ def test_collector_exposes_engine_stats() -> None:
     assert 'rtserver_engine_time_to_first_token_seconds_bucket{engine="vllm",le="0.02"} 1.0' \
         in text
     assert 'rtserver_engine_time_to_first_token_seconds_count{engine="vllm"} 1.0' in text
+    assert 'rtserver_engine_time_to_7_tokens_seconds_count{engine="vllm"} 0.0' in text
+
+
+def test_collector_exposes_time_to_7_and_28_tokens() -> None:
+    t7, t28 = HistogramAccumulator(), HistogramAccumulator()
+    t7.observe(0.04)
+    t28.observe(0.16)
+    t28.observe(0.25)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(lambda: EngineStats(t7=t7.snapshot(), t28=t28.snapshot()),
+                                      engine="vllm"))
+    text = generate_latest(registry).decode()
+    assert 'rtserver_engine_time_to_7_tokens_seconds_bucket{engine="vllm",le="0.05"} 1.0' in text
+    assert 'rtserver_engine_time_to_7_tokens_seconds_bucket{engine="vllm",le="0.03"} 0.0' in text
+    assert 'rtserver_engine_time_to_28_tokens_seconds_bucket{engine="vllm",le="0.2"} 1.0' in text
+    assert 'rtserver_engine_time_to_28_tokens_seconds_count{engine="vllm"} 2.0' in text
+    assert 'rtserver_engine_time_to_28_tokens_seconds_sum{engine="vllm"} 0.41' in text
