@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", help="API key (Authorization: Bearer)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra argument for the spawned server (repeatable)")
+    p.add_argument("--ready-timeout", type=float, default=120.0,
+                   help="seconds to wait for a spawned server's /ready (default 120; vLLM "
+                   "voices with CUDA graphs take minutes)")
     p.add_argument("--load", default="stream",
                    help=f"comma list of patterns: {', '.join(PATTERNS)} (default stream)")
     p.add_argument("--fragment", default="word", choices=["token", "word", "whole"],
@@ -181,7 +184,8 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             port = free_port()
             servers.append(await asyncio.to_thread(
                 spawn, rtserver_command(port, args.voice, args.server_arg), port,
-                out_dir / "server.log", progress=progress.say))
+                out_dir / "server.log", ready_timeout_s=args.ready_timeout,
+                progress=progress.say))
             url = servers[-1].url
         else:
             url = args.url

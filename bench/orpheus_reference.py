@@ -9,21 +9,46 @@ side. It does not run here (no GPU, no vLLM): another step runs it on the
 GPU host; nothing in this module produces a figure without running the
 reference.
 
-What is adapted, and only this:
+What is adapted, and only this (the reference's own methods run unchanged):
 
 - The reference loads SNAC at import with ``SNAC.from_pretrained(
   "hubertsiuzdak/snac_24khz")``; no hub is reachable, so ``--snac-dir``
   redirects that one call to a local folder in SNAC's layout (config.json +
   pytorch_model.bin). ``--make-random-snac DIR`` writes one with random
   weights of the published 24 kHz shapes.
-- vLLM engine arguments pass through ``--engine-arg key=JSON`` (the
-  reference forwards ``**engine_kwargs`` to ``AsyncEngineArgs``), e.g.
+- vLLM engine arguments pass through ``--engine-arg key=JSON``, e.g.
   ``--engine-arg load_format='"dummy"'`` for random weights of the real
-  shapes. With random weights the model emits arbitrary tokens, which the
-  reference decoder drops; pass the same audio-token constraint rtserver's
-  Orpheus engine uses for its dummy-weight runs (a vLLM logits processor,
-  ``--engine-arg logits_processors='["module:Class"]'``) so both sides emit
-  audio tokens at the same per-token cost, and say so in the report.
+  shapes. orpheus-speech 0.1.0 (the PyPI release) takes no engine arguments
+  (``OrpheusModel(model_name, dtype)``); then a subclass overrides only
+  ``_setup_engine`` to add them. With random weights the model emits
+  arbitrary tokens, which the reference decoder drops; pass the audio-token
+  constraint (``bench.reference_mask``, a vLLM logits processor applied to
+  every request: ``--engine-arg logits_processors='["bench.reference_mask:
+  AudioOnlyMask"]'``) so both sides emit audio tokens at the same per-token
+  cost, and say so in the report.
+- vLLM 0.26 has only the V1 engine (``AsyncLLMEngine`` is ``AsyncLLM``), and
+  the reference runs every request in its own thread under its own
+  ``asyncio.run``. V1's output handler is an asyncio task of the loop of the
+  first request: that loop ends with the request, and every later request
+  waits forever (V0, which the reference was written for, restarted its
+  background loop per request: canopyai/Orpheus-TTS issue 64). So the engine
+  the reference holds is wrapped (``LoopBridge``): ``generate`` runs on one
+  persistent event loop thread and each output is handed to the caller's
+  loop. V1 also merges outputs when a consumer lags (V0 queued each one); the
+  bridge splits a merged cumulative text back into one output per new
+  ``<custom_token_N>``, so the reference's decoder still sees every token as
+  it did on V0, and it counts how often that happened.
+- ``--dummy-model DIR`` writes an Orpheus-3B ``config.json`` and tokenizer
+  (``rtserver.testing.tiny_orpheus``) for ``load_format="dummy"``, with the
+  ``<custom_token_N>`` added tokens marked non-special: the reference reads
+  the codes from vLLM's detokenized text with ``skip_special_tokens`` on, so
+  it works only with a tokenizer where they survive that (as the published
+  checkpoint's must).
+- ``--budget FPC:BASE``: ``max_tokens`` per request (an argument of
+  ``generate_speech``) from the text length, ``BASE + FPC * chars`` frames,
+  the same rule as rtserver's ``TokenBudget``; random weights never end
+  speech, so this sets the audio length a real reply would have. Without it
+  the reference's default, 1200 tokens (14.6 s), for every text.
 
 Measured per request (the reference takes the whole text at once, so both
 TTFA figures start when ``generate_speech`` is called): time to the first
@@ -42,15 +67,17 @@ Usage on the GPU host::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import datetime as dt
 import inspect
 import json
 import random
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +128,103 @@ def _redirect_snac(snac_dir: Path) -> None:
     SNAC.from_pretrained = classmethod(from_pretrained)
 
 
+def write_reference_model(path: Path, shape: str = "3b") -> Path:
+    """Orpheus config + tokenizer (no weights: ``load_format="dummy"``), with the
+    ``<custom_token_N>`` tokens non-special so they survive detokenization."""
+    from rtserver.testing.tiny_orpheus import write_tiny_orpheus
+
+    out = write_tiny_orpheus(path, shape="3b" if shape == "3b" else "tiny", with_weights=False)
+    tok_path = out / "tokenizer.json"
+    data = json.loads(tok_path.read_text(encoding="utf-8"))
+    for tok in data["added_tokens"]:
+        if tok["content"].startswith("<custom_token_"):
+            tok["special"] = False
+    tok_path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+_CUSTOM_TOKEN = re.compile(r"<custom_token_\d+>")
+_END = object()
+
+
+@dataclasses.dataclass
+class _Completion:
+    text: str
+
+
+@dataclasses.dataclass
+class _Output:
+    """What the reference reads of a ``RequestOutput``: ``outputs[0].text``."""
+
+    outputs: list[_Completion]
+
+
+class LoopBridge:
+    """The reference's ``engine``: ``generate`` on one persistent event loop.
+
+    The wrapped engine (vLLM V1 ``AsyncLLM``) runs every request on the
+    bridge's own loop thread; outputs go to whichever loop called
+    ``generate`` (the reference's per-request ``asyncio.run``), one per new
+    token as V0 delivered them (see the module docstring).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.merged_outputs = 0  # outputs that carried more than one new token
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop",
+                                        daemon=True)
+        self._thread.start()
+
+    def __getattr__(self, name: str) -> Any:  # anything else: the engine's own
+        return getattr(self.engine, name)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        caller = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def put(item: Any) -> None:
+            caller.call_soon_threadsafe(queue.put_nowait, item)
+
+        async def pump() -> None:
+            seen = ""
+            try:
+                async for out in self.engine.generate(*args, **kwargs):
+                    text = out.outputs[0].text if out.outputs else ""
+                    new = _CUSTOM_TOKEN.findall(text[len(seen):]) \
+                        if text.startswith(seen) else []
+                    if len(new) > 1:
+                        self.merged_outputs += 1
+                        for k in range(1, len(new) + 1):
+                            put(_Output([_Completion(seen + "".join(new[:k]))]))
+                    else:
+                        put(out)
+                    seen = text
+            except BaseException as exc:  # handed to the caller, who raises it
+                put(exc)
+            finally:
+                put(_END)
+
+        asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        while True:
+            item = await queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def shutdown(self) -> None:
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
 def load_reference(model_dir: Path, snac_dir: Path | None, engine_args: dict[str, Any]
                    ) -> Any:
-    """The reference ``OrpheusModel`` over ``model_dir`` (tokenizer from there too)."""
+    """The reference ``OrpheusModel`` over ``model_dir`` (tokenizer from there too),
+    its engine behind a ``LoopBridge``."""
     if snac_dir is not None:
         _redirect_snac(snac_dir)
     try:
@@ -112,10 +233,38 @@ def load_reference(model_dir: Path, snac_dir: Path | None, engine_args: dict[str
         raise SystemExit(f"orpheus_reference: the reference code is not installed ({exc}); "
                          "pip install orpheus-speech (it needs vllm and snac)") from None
     params = inspect.signature(OrpheusModel.__init__).parameters
-    kwargs = dict(engine_args)
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs: dict[str, Any] = {}
     if "tokenizer" in params:  # later versions take the tokenizer path apart
         kwargs["tokenizer"] = str(model_dir)
-    return OrpheusModel(model_name=str(model_dir), **kwargs)
+    if takes_kwargs:
+        cls: Any = OrpheusModel
+        kwargs |= engine_args
+    else:  # 0.1.0: AsyncEngineArgs(model=..., dtype=...) only; add ours there
+        from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+        class _WithEngineArgs(OrpheusModel):
+            def _setup_engine(self) -> Any:
+                args = AsyncEngineArgs(model=self.model_name, dtype=self.dtype,
+                                       **engine_args)
+                return AsyncLLMEngine.from_engine_args(args)
+
+        cls = _WithEngineArgs
+    model = cls(model_name=str(model_dir), **kwargs)
+    model.engine = LoopBridge(model.engine)
+    return model
+
+
+def natural_budget(spec: str | None) -> Callable[[str], dict[str, Any]]:
+    """``FPC:BASE`` -> text -> ``{"max_tokens": ...}`` for ``generate_speech``
+    (rtserver's ``TokenBudget`` rule); None -> the reference's default."""
+    if not spec:
+        return lambda text: {}
+    from rtserver.voices.orpheus_tokens import TokenBudget
+
+    fpc, _, base = spec.partition(":")
+    budget = TokenBudget(frames_per_char=float(fpc), base_frames=int(base or 0))
+    return lambda text: {"max_tokens": budget.max_tokens(text)}
 
 
 def chunk_arrivals(chunks: Iterable[tuple[float, int]]) -> tuple[tuple[float, int, int], ...]:
@@ -151,10 +300,12 @@ def measure_request(speak: Callable[[str], Iterator[bytes]], text: str,
 
 
 def run_level(model: Any, voice: str, users: int, duration_s: float, seed: str,
-              emit: Callable[[dict[str, Any]], None]) -> None:
+              emit: Callable[[dict[str, Any]], None],
+              budget: Callable[[str], dict[str, Any]] = lambda text: {},
+              tags: tuple[str, ...] = ()) -> None:
     """``users`` threads calling the reference back to back for ``duration_s``."""
     stop_at = time.monotonic() + duration_s
-    texts = select("en")
+    texts = select("en", tags)
     ids = iter(range(1 << 62))
     lock = threading.Lock()
 
@@ -167,7 +318,8 @@ def run_level(model: Any, voice: str, users: int, duration_s: float, seed: str,
                 rid = f"ref-{next(ids)}"
 
             def speak(text: str, rid: str = rid) -> Iterator[bytes]:
-                return iter(model.generate_speech(prompt=text, voice=voice, request_id=rid))
+                return iter(model.generate_speech(prompt=text, voice=voice, request_id=rid,
+                                                  **budget(text)))
 
             sample = measure_request(speak, utt.text)
             sample.update({"system": SYSTEM, "run": "sweep", "load": "whole",
@@ -203,6 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snac-dir", type=Path, help="local SNAC 24 kHz folder")
     p.add_argument("--make-random-snac", type=Path, metavar="DIR",
                    help="write a random-weight SNAC folder and exit")
+    p.add_argument("--dummy-model", type=Path, metavar="DIR",
+                   help="write an Orpheus-3B config + tokenizer here and use it as --model-dir "
+                   "(with --engine-arg load_format='\"dummy\"')")
+    p.add_argument("--dummy-shape", choices=["3b", "tiny"], default="3b",
+                   help="shape --dummy-model writes (tiny: CPU smoke runs)")
+    p.add_argument("--budget", metavar="FPC:BASE",
+                   help="max_tokens = (BASE + FPC * chars) frames * 7 + 1, rtserver's rule "
+                   "(default: the reference's 1200)")
+    p.add_argument("--tags", default="", help="corpus tags to keep, comma list")
     p.add_argument("--engine-arg", type=_engine_arg, action="append", default=[])
     p.add_argument("--voice", default="tara")
     p.add_argument("--concurrency", default="1,8,32,64")
@@ -216,9 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.make_random_snac:
         make_random_snac(args.make_random_snac)
         return 0
+    if args.dummy_model is not None:
+        args.model_dir = write_reference_model(args.dummy_model, args.dummy_shape)
     if args.model_dir is None:
-        p.error("--model-dir is required")
+        p.error("--model-dir (or --dummy-model) is required")
+    budget = natural_budget(args.budget)
+    tags = tuple(t for t in args.tags.split(",") if t)
+    t0 = time.monotonic()
     model = load_reference(args.model_dir, args.snac_dir, dict(args.engine_arg))
+    print(f"[orpheus-reference] engine ready in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     for i in range(args.warmup):
         for _ in model.generate_speech(prompt="Warming up.", voice=args.voice,
                                        request_id=f"warm-{i}"):
@@ -227,7 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     for level in [int(x) for x in args.concurrency.split(",") if x]:
         print(f"[orpheus-reference] {level} concurrent, {args.duration:g} s", file=sys.stderr)
         run_level(model, args.voice, level, args.duration, f"{args.seed}:c{level}",
-                  samples.append)
+                  samples.append, budget, tags)
+        done = [x for x in samples if x["level"] == level]
+        ttfa = sorted(x["ttfa_ms"] for x in done if x.get("ttfa_ms") is not None)
+        print(f"[orpheus-reference] {level}: {len(done)} requests, ttfa p50 "
+              f"{ttfa[len(ttfa) // 2] if ttfa else float('nan'):.0f} ms, max "
+              f"{ttfa[-1] if ttfa else float('nan'):.0f} ms, underran "
+              f"{sum(1 for x in done if (x.get('underruns') or 0) > 0)}, failed "
+              f"{sum(1 for x in done if x.get('outcome') != 'done')}, merged outputs "
+              f"{model.engine.merged_outputs}", file=sys.stderr, flush=True)
     rows = report.aggregate(samples)
     caps = report.capacity(rows, args.ttfa_p99_ms)
     results = {
@@ -239,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"seed": args.seed, "duration_s": args.duration, "fragment": "whole",
                    "tokens_per_s": 0.0, "jitter": 0.0, "format": "pcm_s16le",
                    "sample_rate": REFERENCE_RATE, "frame_ms": CHUNK_MS,
-                   "engine_args": dict(args.engine_arg)},
+                   "engine_args": dict(args.engine_arg), "budget": args.budget,
+                   "tags": list(tags), "merged_outputs": model.engine.merged_outputs},
         "steps": [], "samples": samples,
         "summary": [{"system": r.system, "run": r.run, "load": r.load, "level": r.level,
                      **r.stats} for r in rows],
@@ -250,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                                            encoding="utf-8")
     report.write_markdown(args.out / "summary.md", report.markdown(results, rows, caps))
     print(f"[orpheus-reference] wrote {args.out}", file=sys.stderr)
+    model.engine.shutdown()
     return 0
 
 
