@@ -4,7 +4,7 @@
 //
 // Automation (the browser tests use it): ?autoplay=1&text=... speaks on load;
 // ?autoplay=1&simulate=1&rate=N streams the canned reply at N tokens/s;
-// &stop_after_ms=N presses Stop N ms after playback started; &format=pcm_s16le
+// &stop_after_ms=N presses Stop once N ms of the first turn's audio played; &format=pcm_s16le
 // forces the PCM fallback; &player=scriptprocessor the non-worklet player;
 // &voice=NAME; &token=KEY is passed on to the WebSocket. window.rtDemo.stats
 // holds the current turn's figures (see freshStats).
@@ -17,6 +17,7 @@ import {FLAG_LAST, parseAudioMessage, streamUrl} from "./protocol.js";
 
 const params = new URLSearchParams(location.search);
 const TOKEN = params.get("token") || "";
+const STOP_AFTER_MS = params.get("stop_after_ms") === null ? null : Number(params.get("stop_after_ms"));
 const FRAME_MS = 20; // the protocol's default frame
 const DEFAULT_PREBUFFER_MS = 200; // used until the server's first `buffer` hint
 const PLAYED_REPORT_MS = 1000; // how often `played` tells the server what was heard
@@ -228,6 +229,8 @@ async function speak(text) {
 }
 
 async function simulate(rate) {
+  $("rate").value = String(rate);
+  $("rate-out").textContent = `${rate} tokens/s`;
   const turn = await beginTurn("chatbot");
   const tokens = tokenize(CANNED_REPLY);
   turn.stats.tokensTotal = tokens.length;
@@ -497,8 +500,6 @@ function onPlayerStatus(m) {
   if (m.event === "playing") {
     if (turn.tFirstText !== null) s.startLatencyMs = round1(t - turn.tFirstText);
     graph.mark(t, "playing");
-    const stopAfter = Number(params.get("stop_after_ms"));
-    if (params.get("stop_after_ms") !== null && turn.n === 1) setTimeout(stop, stopAfter);
   } else if (m.event === "underrun") {
     graph.mark(t, "underrun");
     // Who was late: audio the page had received but not yet played would
@@ -514,6 +515,13 @@ function onPlayerStatus(m) {
   } else if (m.event === "drained") {
     turn.drained = true;
     if (turn.serverDone) finish(turn, "done");
+  }
+  // Automation: Stop once the first turn has played stop_after_ms of audio,
+  // while it is playing with some audio buffered (so Stop cuts sound, not a stall).
+  if (STOP_AFTER_MS !== null && turn.n === 1 && samplesToMs(m.played) >= STOP_AFTER_MS &&
+      m.state === "playing" && samplesToMs(m.buffered) >= 2 * FRAME_MS) {
+    stop();
+    return;
   }
   // Tell the server how far the listener is, while its context is open.
   if (!turn.serverDone && !turn.cancelled && t - turn.lastPlayedReport >= PLAYED_REPORT_MS &&
@@ -658,7 +666,9 @@ async function main() {
   if (params.get("rate")) $("rate").value = params.get("rate");
   $("rate-out").textContent = `${$("rate").value} tokens/s`;
   if (params.get("text")) $("text").value = params.get("text");
-  $("speak").addEventListener("click", () => speak($("text").value).catch((e) => log("!", String(e))));
+  $("speak").addEventListener("click", () => {
+    if ($("text").value.trim()) speak($("text").value).catch((e) => log("!", String(e)));
+  });
   $("text").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("speak").click();
   });
