@@ -30,17 +30,19 @@ chunk). Later decodes run once they can emit at least ``c_k * F`` new samples,
 samples (a burst of frames becomes several decodes, decoded in one batch),
 the final one up to ``lookahead + crossfade`` more.
 
-Sizing (SNAC 24 kHz decoder, ``rtserver.vocoder.measure rf``): one code changes
-output samples up to ``SNAC24_EXACT_SUPPORT`` = 4757 samples (2.32 frames) beyond
-its own span on either side -- computed from the layer kernels, and confirmed
-by perturbing one code at a time on the real config shape with random weights
-(first change above 1e-6 x RMS at 4541..4590 samples). Effective reach, random
-weights: change above -40 dB re signal RMS within ~2200 samples, above -60 dB
-within ~3700. So a context of 4757 samples makes the left edge exact (it costs
-only compute), and the lookahead is the latency/quality trade: every sample of
-lookahead delays the first chunk by as much (``first_lookahead``) and adds to
-the buffer a listener needs later (``lookahead``); too little leaves a seam
-error, which the crossfade spreads out so it cannot click.
+Sizing (SNAC 24 kHz decoder, ``python -m rtserver.vocoder.measure rf``): one code
+changes output samples up to ``SNAC24_EXACT_SUPPORT`` = 4757 samples (2.32 frames)
+beyond its own span on either side -- derived from the layer kernels
+(``snac_model.decoder_support``), and confirmed by perturbing each of the 7
+codes of one frame on the real config shape with random weights: any change
+(above -120 dB re RMS) within 4692 samples, above -60 dB within 4182, above
+-40 dB within 3633. Cutting a window short is worse than one code's change
+(every missing code adds up): see ``BOUNDARY_ERROR_DB``. So a context of 4757
+samples makes the left edge exact (it costs only compute), and the lookahead is
+the latency/quality trade: every sample of lookahead delays the first chunk by
+as much (``first_lookahead``) and adds to the buffer a listener needs later
+(``lookahead``); too little leaves a seam error, which the crossfade spreads
+out so it cannot click.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ SNAC24_EXACT_SUPPORT = 4757
 # edges behave alike. Measured with ``python -m rtserver.vocoder.measure edges``.
 BOUNDARY_ERROR_DB: dict[int, float] = {
     0: -0.9, 512: -8.9, 1024: -6.0, 1536: -14.1, 2048: -20.8, 2560: -26.4, 3072: -33.3,
-    3584: -42.2, 4096: -53.9, 4608: -110.7,
+    3584: -42.2, 4096: -53.9, 4608: -109.2,  # 4608: float rounding
 }
 
 
