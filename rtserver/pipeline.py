@@ -33,11 +33,14 @@ _request_ids = itertools.count()
 # Until the first measurement of a voice, assume this many ms of audio per
 # character of text (English at ~15 characters per second of speech).
 DEFAULT_AUDIO_MS_PER_CHAR = 65.0
+# Extra lead for a starvation release: the event loop, framing and the
+# first network hop (a few ms each on loopback) plus one 20 ms frame.
+STARVATION_MARGIN_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
 class _Input:
-    kind: str  # "text" | "flush" | "end"
+    kind: str  # "text" | "flush" | "end" | "idle"
     text: str = ""
     at: float = 0.0  # when the connection received it
     end: int = 0  # characters received in the context up to and including it
@@ -74,6 +77,8 @@ class ContextPipeline:
     _inputs: asyncio.Queue[_Input] = field(default_factory=asyncio.Queue)
     _segments: asyncio.Queue[Segment | None] = field(default_factory=asyncio.Queue)
     first_segment_at: float | None = None
+    _busy: bool = False  # the speaker is synthesizing a segment
+    _starve_checked: int = -1  # pending chars at the last starvation release
     # (characters received so far, arrival time) per fragment, until the first segment
     _arrivals: list[tuple[int, float]] = field(default_factory=list)
     chars_in: int = 0
@@ -108,7 +113,9 @@ class ContextPipeline:
     async def segment_loop(self) -> None:
         segmenter = Segmenter(self.segmenter_config)
         while True:
-            deadline = segmenter.deadline()
+            timer = segmenter.deadline()
+            starve = self._starvation_at(segmenter)
+            deadline = min((t for t in (timer, starve) if t is not None), default=None)
             try:
                 if deadline is None:
                     item = await self._inputs.get()
@@ -116,7 +123,14 @@ class ContextPipeline:
                     timeout = max(0.0, deadline - self.clock())
                     item = await asyncio.wait_for(self._inputs.get(), timeout)
             except TimeoutError:
-                self._emit(segmenter.poll(self.clock()))
+                now = self.clock()
+                if timer is not None and now >= timer:
+                    self._emit(segmenter.poll(now))
+                elif starve is not None and now >= starve:
+                    # the listener is about to run dry while the sentence still
+                    # arrives: speak its complete words now rather than stall
+                    self._starve_checked = segmenter.pending_chars
+                    self._emit(segmenter.release_words(now))
                 continue
             now = self.clock()
             if item.kind == "text":
@@ -125,10 +139,30 @@ class ContextPipeline:
                 self._emit(segmenter.feed(item.text, now))
             elif item.kind == "flush":
                 self._emit(segmenter.flush(now), item)
-            else:
+            elif item.kind == "end":
                 self._emit(segmenter.end(now), item)
                 self._segments.put_nowait(None)
                 return
+            # "idle": the speaker finished its queue; the starvation deadline moved
+
+    def _starvation_at(self, segmenter: Segmenter) -> float | None:
+        """When to release buffered words so the listener does not run dry.
+
+        Only while the speaker is idle (all audio of earlier segments is out)
+        and text is buffered: the listener's audio ends at the latest at
+        ``first frame sent + audio sent`` (playback cannot start earlier); the
+        release must come before that by the time the words take to
+        synthesize (measured rtf) plus the jitter allowance.
+        """
+        sent = self.ledger.first_sent_at
+        pending = segmenter.pending_chars
+        if (sent is None or self._busy or not self._segments.empty() or pending == 0
+                or pending == self._starve_checked):
+            return None
+        audio_end = sent + self.ledger.next_seq * self.start.frame_ms / 1000.0
+        rtf = self.voice_stats.rtf.percentile(self.hint_config.percentile)
+        synth_s = rtf * pending * self.voice_stats.audio_ms_per_char / 1000.0
+        return audio_end - synth_s - self.hint_config.jitter_ms / 1000.0 - STARVATION_MARGIN_S
 
     def _emit(self, segments: list[Segment], item: _Input | None = None) -> None:
         for seg in segments:
@@ -154,9 +188,13 @@ class ContextPipeline:
         resampler: Resampler | None = None
         pending_start = False  # a segment began; its first frame carries the flag
         while True:
+            if self._segments.empty():
+                self._busy = False
+                self._inputs.put_nowait(_Input("idle"))  # wake the segmenter's timers
             seg = await self._segments.get()
             if seg is None:
                 break
+            self._busy = True
             if resampler is None:
                 resampler = Resampler(self.voice.info.sample_rate, self.start.sample_rate)
             self.outbox.put_control(SegmentStarted(

@@ -185,6 +185,8 @@ class Session:
             return [CancelContext(ctx)]
         entry = self._contexts.get(ctx)
         if entry is None:
+            if isinstance(message, Played) and ctx in self._finished:
+                return []  # the listener reports after `done`: normal, nothing to do
             raise UnknownContext(f"no context '{ctx}'", context=ctx)
         if isinstance(message, Played):
             return [ListenerProgress(ctx, message.audio_ms)]

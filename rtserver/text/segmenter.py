@@ -96,7 +96,9 @@ class SegmenterConfig:
     # otherwise need a long prebuffer. Growing limits keep each synthesis
     # shorter than the audio ahead of it (with r < 1/growth the buffer never
     # runs dry; the chunk schedule of DESIGN.md, applied to segments). 80
-    # characters is ~5 s of speech; 0 turns the schedule off.
+    # characters (~5 s of speech) keeps most sentences whole (prosody) while
+    # a Piper voice at rtf <= 0.1 makes it within a first clause's audio;
+    # 0 turns the schedule off.
     second_max_chars: int = 80
     growth: float = 2.0
     # For the word limit, this many CJK characters (no spaces between words)
@@ -276,6 +278,17 @@ class Segmenter:
         elif self._timer_at is not None and now >= self._timer_at:
             self._emit(self._timer_cut, out)
             self._scan(now, out)
+        return out
+
+    def release_words(self, now: float) -> list[Segment]:
+        """Speak the complete words buffered so far, now (the listener is about
+        to run dry and the sentence is still arriving). Nothing if no word
+        boundary is buffered; a word still arriving stays."""
+        out: list[Segment] = []
+        if self._ended or not self._last_space or not self._valid(self._last_space):
+            return out
+        self._emit(self._last_space, out)
+        self._scan(now, out)
         return out
 
     # --- scanning -----------------------------------------------------------------

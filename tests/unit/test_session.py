@@ -153,10 +153,12 @@ def test_cancel_once_then_late_cancel_repeats_fence() -> None:
     assert send(s, type="cancel", context="a") == [Reply(Cancelled(context="a", last_seq=41))]
 
 
-def test_played_is_reported() -> None:
+def test_played_is_reported_and_accepted_after_done() -> None:
     s = make()
     send(s, type="start", context="a")
     assert send(s, type="played", context="a", audio_ms=120.5) == [ListenerProgress("a", 120.5)]
+    s.context_finished("a", last_seq=9)
+    assert send(s, type="played", context="a", audio_ms=180.0) == []  # no error after done
 
 
 def test_errors_leave_other_contexts_working() -> None:
