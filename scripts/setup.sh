@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 mode="${1:-serve}"
 
 apt_pkgs=(libopus0)
-[ "$mode" = test ] && apt_pkgs+=(chromium)
+[ "$mode" = test ] && apt_pkgs+=(chromium fonts-liberation fonts-dejavu-core)
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
