@@ -36,6 +36,9 @@ DEFAULT_AUDIO_MS_PER_CHAR = 65.0
 # Extra lead for a starvation release: the event loop, framing and the
 # first network hop (a few ms each on loopback) plus one 20 ms frame.
 STARVATION_MARGIN_S = 0.05
+# Frames of a context's first audio that go out before the rest of its chunk
+# is encoded: 5 x 20 ms covers the time the remainder takes to encode.
+FIRST_SEND_FRAMES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +214,18 @@ class ContextPipeline:
                 async for chunk in self.voice.synthesize(request):
                     seg_samples += len(chunk.samples)
                     pcm = resampler.process(chunk.samples)
-                    frames = framer.push(pcm)
-                    if frames:
-                        await self._put(frames, segment_start=pending_start, last=False)
-                        pending_start = False
+                    head = 0
+                    if self.ledger.next_seq == 0:
+                        # the context's first audio: encode and send a few frames
+                        # before the rest of the chunk (Opus costs ~0.2 ms a frame)
+                        head = min(len(pcm), FIRST_SEND_FRAMES * framer.frame_samples)
+                    for part in (pcm[:head], pcm[head:]) if head else (pcm,):
+                        frames = framer.push(part)
+                        if frames:
+                            await self._put(frames, segment_start=pending_start, last=False)
+                            pending_start = False
+                            if head:
+                                await asyncio.sleep(0)  # let the writer send them now
             except RtError:
                 raise
             except Exception as exc:  # a voice bug fails this context only
