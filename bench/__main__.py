@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how stream-like turns cut their text (default word)")
     p.add_argument("--tokens-per-s", type=float, default=40.0,
                    help="fragments per second (default 40, a chat LLM's rate)")
+    p.add_argument("--back-to-back", action="store_true",
+                   help="start a user's next turn when `done` arrives instead of after "
+                   "listening to the reply (a stress load beyond real time)")
     p.add_argument("--jitter", type=float, default=0.3,
                    help="coefficient of variation of fragment gaps (default 0.3)")
     runs = p.add_mutually_exclusive_group()
@@ -239,7 +242,8 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                             labels=labels, origin=origin)
 
         cfgs = [LoadConfig(pattern=pat, fragment=args.fragment,
-                           tokens_per_s=args.tokens_per_s, jitter=args.jitter, lang=args.lang,
+                           tokens_per_s=args.tokens_per_s, jitter=args.jitter,
+                           listen=not args.back_to_back, lang=args.lang,
                            tags=tags, voice=args.voice, format=args.format,
                            sample_rate=args.sample_rate, frame_ms=args.frame_ms,
                            listener=listener) for pat in patterns]
@@ -300,6 +304,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             code = await asyncio.to_thread(s.stop)
             progress.say(f"stopped pid {s.pid} (exit {code})")
     config = {"seed": args.seed, "duration_s": args.duration, "fragment": args.fragment,
+              "users_listen": not args.back_to_back,
               "tokens_per_s": args.tokens_per_s, "jitter": args.jitter, "format": args.format,
               "sample_rate": args.sample_rate, "frame_ms": args.frame_ms,
               "loads": patterns, "concurrency": args.concurrency, "ramp": args.ramp,

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from bench.loads import LoadConfig, RunState, Sample, TurnPlan, plan_turn
+from bench.loads import LoadConfig, RunState, Sample, TurnPlan, listening_pause, plan_turn
 from bench.measure import TurnRecord, analyze
 
 _ids = itertools.count()
@@ -267,6 +267,9 @@ async def closed_loop(base_url: str, cfg: LoadConfig, users: int, duration_s: fl
                             turn += 1
                             if sample["outcome"] == "failed":
                                 break
+                            pause = listening_pause(cfg, sample, clock(), rng)
+                            if pause > 0:
+                                await asyncio.sleep(min(pause, max(0.0, stop_at - clock())))
                 except OSError as exc:
                     state.record({"outcome": "failed", "error": type(exc).__name__,
                                   "error_message": str(exc), "began_at": clock(),

@@ -8,6 +8,10 @@ Patterns (``LoadConfig.pattern``):
 - ``conversation``: ``stream`` turns on one connection; after each, the user
   listens (until the simulated listener would finish) and thinks, then speaks
   again.
+
+By default a user listens to each reply before its next turn, so N users are
+N concurrent real-time streams; ``listen=False`` (``--back-to-back``) starts
+the next turn as soon as `done` arrives, a stress load well beyond real time.
 - ``bargein``: a ``stream`` turn cancelled ``bargein_after_s`` after its first
   frame arrived (the user talks over it), then the next turn at once.
 
@@ -54,6 +58,10 @@ class LoadConfig:
     think_s: tuple[float, float] = (0.5, 1.5)  # conversation: pause after listening
     bargein_after_s: tuple[float, float] = (0.2, 1.0)  # cancel this long after first audio
     bargein_min_chars: int = 100  # barge-in turns speak long replies, to be cut mid-way
+    # A user listens to each reply before the next turn (the next starts when the
+    # simulated listener finishes): N users are N real-time streams. Off
+    # ("back to back") each user asks for audio as fast as the server makes it.
+    listen: bool = True
     lang: str = "en"
     tags: tuple[str, ...] = ()
     voice: str | None = None
@@ -217,6 +225,19 @@ class RunState:
         self.emit(sample)
 
 
+def listening_pause(cfg: LoadConfig, sample: Sample, now: float, rng: random.Random
+                    ) -> float:
+    """Seconds until the user speaks again: until the simulated listener has
+    played the reply (``listen``), plus thinking time in a conversation."""
+    pause = 0.0
+    if cfg.listen or cfg.pattern == "conversation":
+        end = sample.get("playback_end_at")
+        pause = max(0.0, end - now) if end is not None else 0.0
+    if cfg.pattern == "conversation":
+        pause += rng.uniform(*cfg.think_s)
+    return pause
+
+
 async def closed_loop_user(url: str, token: str | None, cfg: LoadConfig, rng: random.Random,
                            stop_at: float, state: RunState, user: int) -> None:
     """One user doing turns back to back (with the pattern's pauses) until ``stop_at``."""
@@ -236,9 +257,8 @@ async def closed_loop_user(url: str, token: str | None, cfg: LoadConfig, rng: ra
                             turn += 1
                             if sample["outcome"] == "failed" and client.closed:
                                 raise ConnectionLost(client.close_code, client.close_reason)
-                        if cfg.pattern == "conversation":
-                            end = sample.get("playback_end_at") or clock()
-                            pause = max(0.0, end - clock()) + rng.uniform(*cfg.think_s)
+                        pause = listening_pause(cfg, sample, clock(), rng)
+                        if pause > 0:
                             await asyncio.sleep(min(pause, max(0.0, stop_at - clock())))
             except (RtClientError, OSError, TimeoutError) as exc:
                 state.record({"outcome": "failed", "error": type(exc).__name__,

@@ -147,7 +147,10 @@ def capacity(rows: Sequence[Row], ttfa_p99_ms: float) -> list[Capacity]:
 
 
 def _config_line(cfg: dict[str, Any]) -> str:
-    return (f"seed {cfg['seed']}; {cfg['duration_s']:g} s per step; fragments "
+    listen = cfg.get("users_listen")
+    pacing = ("" if listen is None else "users listen to each reply before the next turn; "
+              if listen else "turns back to back (no listening); ")
+    return (f"{pacing}seed {cfg['seed']}; {cfg['duration_s']:g} s per step; fragments "
             f"'{cfg['fragment']}' at {cfg['tokens_per_s']:g}/s (jitter {cfg['jitter']:g}); "
             f"{cfg['format']} {cfg['sample_rate']} Hz, {cfg['frame_ms']:g} ms frames")
 
