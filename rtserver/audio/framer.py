@@ -11,6 +11,7 @@ tail with silence. ``PcmS16Framer`` emits PCM s16le; ``OpusFramer``
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 import numpy as np
@@ -86,7 +87,7 @@ def float_to_s16le(samples: FloatArray) -> bytes:
     return np.clip(scaled, -32768, 32767).astype("<i2").tobytes()
 
 
-class BlockFramer:
+class BlockFramer(ABC):
     """Frame bookkeeping shared by the framers: remainder, padding, counting.
 
     Subclasses implement ``_encode`` (one frame of exactly ``frame_samples``
@@ -129,8 +130,9 @@ class BlockFramer:
         """Samples pushed so far (before padding)."""
         return self._samples_in
 
+    @abstractmethod
     def _encode(self, frame: FloatArray) -> bytes:
-        raise NotImplementedError
+        """One frame of ``frame_samples`` samples to its wire bytes."""
 
     def push(self, samples: AnyFloatArray) -> list[bytes]:
         if self._finished:
