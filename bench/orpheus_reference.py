@@ -391,6 +391,33 @@ def main(argv: list[str] | None = None) -> int:
                                        request_id=f"warm-{i}"):
             pass
     samples: list[dict[str, Any]] = []
+
+    def write(levels_done: list[int]) -> None:
+        rows = report.aggregate(samples)
+        caps = report.capacity(rows, args.ttfa_p99_ms)
+        results = {
+            "meta": {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                     "machine": describe(), "versions": versions(),
+                     "server": "orpheus_tts.OrpheusModel (reference streaming code)",
+                     "voice": args.voice, "command": "python -m bench.orpheus_reference " +
+                     " ".join(argv), "notes": args.note},
+            "config": {"seed": args.seed, "duration_s": args.duration, "fragment": "whole",
+                       "tokens_per_s": 0.0, "jitter": 0.0, "format": "pcm_s16le",
+                       "sample_rate": REFERENCE_RATE, "frame_ms": CHUNK_MS,
+                       "engine_args": dict(args.engine_arg), "budget": args.budget,
+                       "tags": list(tags), "merged_outputs": model.engine.merged_outputs,
+                       "levels_done": levels_done},
+            "steps": [], "samples": samples,
+            "summary": [{"system": r.system, "run": r.run, "load": r.load, "level": r.level,
+                         **r.stats} for r in rows],
+            "capacity": [dataclasses.asdict(c) for c in caps],
+        }
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str),
+                                               encoding="utf-8")
+        report.write_markdown(args.out / "summary.md", report.markdown(results, rows, caps))
+
+    levels_done: list[int] = []
     for level in [int(x) for x in args.concurrency.split(",") if x]:
         print(f"[orpheus-reference] {level} concurrent, {args.duration:g} s", file=sys.stderr)
         run_level(model, args.voice, level, args.duration, f"{args.seed}:c{level}",
@@ -403,28 +430,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(1 for x in done if (x.get('underruns') or 0) > 0)}, failed "
               f"{sum(1 for x in done if x.get('outcome') != 'done')}, merged outputs "
               f"{model.engine.merged_outputs}", file=sys.stderr, flush=True)
-    rows = report.aggregate(samples)
-    caps = report.capacity(rows, args.ttfa_p99_ms)
-    results = {
-        "meta": {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                 "machine": describe(), "versions": versions(),
-                 "server": "orpheus_tts.OrpheusModel (reference streaming code)",
-                 "voice": args.voice, "command": "python -m bench.orpheus_reference " +
-                 " ".join(argv), "notes": args.note},
-        "config": {"seed": args.seed, "duration_s": args.duration, "fragment": "whole",
-                   "tokens_per_s": 0.0, "jitter": 0.0, "format": "pcm_s16le",
-                   "sample_rate": REFERENCE_RATE, "frame_ms": CHUNK_MS,
-                   "engine_args": dict(args.engine_arg), "budget": args.budget,
-                   "tags": list(tags), "merged_outputs": model.engine.merged_outputs},
-        "steps": [], "samples": samples,
-        "summary": [{"system": r.system, "run": r.run, "load": r.load, "level": r.level,
-                     **r.stats} for r in rows],
-        "capacity": [dataclasses.asdict(c) for c in caps],
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str),
-                                           encoding="utf-8")
-    report.write_markdown(args.out / "summary.md", report.markdown(results, rows, caps))
+        levels_done.append(level)
+        write(levels_done)  # after every level: a run cut short keeps what it measured
     print(f"[orpheus-reference] wrote {args.out}", file=sys.stderr)
     model.engine.shutdown()
     return 0
