@@ -56,10 +56,10 @@ class VoiceStats:
     rtf: RtfTracker
     audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
 
-    def observe_segment(self, chars: int, audio_ms: float, gen_s: float) -> None:
+    def observe_segment(self, chars: int, audio_ms: float, gen_s: float, now: float) -> None:
         if audio_ms <= 0:
             return
-        self.rtf.observe(gen_s, audio_ms / 1000.0)
+        self.rtf.observe(gen_s, audio_ms / 1000.0, now)
         if chars > 0:  # exponential average, weight 0.1 per segment
             self.audio_ms_per_char += 0.1 * (audio_ms / chars - self.audio_ms_per_char)
 
@@ -81,6 +81,7 @@ class ContextPipeline:
     _segments: asyncio.Queue[Segment | None] = field(default_factory=asyncio.Queue)
     first_segment_at: float | None = None
     _busy: bool = False  # the speaker is synthesizing a segment
+    _blocked_s: float = 0.0  # time the current segment waited on a full send queue
     _starve_checked: int = -1  # pending chars at the last starvation release
     # (characters received so far, arrival time) per fragment, until the first segment
     _arrivals: list[tuple[int, float]] = field(default_factory=list)
@@ -163,7 +164,7 @@ class ContextPipeline:
                 or pending == self._starve_checked):
             return None
         audio_end = sent + self.ledger.next_seq * self.start.frame_ms / 1000.0
-        rtf = self.voice_stats.rtf.percentile(self.hint_config.percentile)
+        rtf = self.voice_stats.rtf.percentile(self.hint_config.percentile, self.clock())
         synth_s = rtf * pending * self.voice_stats.audio_ms_per_char / 1000.0
         return audio_end - synth_s - self.hint_config.jitter_ms / 1000.0 - STARVATION_MARGIN_S
 
@@ -230,9 +231,12 @@ class ContextPipeline:
                 raise
             except Exception as exc:  # a voice bug fails this context only
                 raise EngineFailed(f"voice failed: {exc}", context=self.context) from exc
-            gen_s = self.clock() - began
+            # generation time: without the waits on a full send queue, which
+            # are the client's pace, not the voice's
+            gen_s = max(0.0, self.clock() - began - self._blocked_s)
+            self._blocked_s = 0.0
             audio_ms = 1000.0 * seg_samples / self.voice.info.sample_rate
-            self.voice_stats.observe_segment(len(seg.text), audio_ms, gen_s)
+            self.voice_stats.observe_segment(len(seg.text), audio_ms, gen_s, self.clock())
             self.metrics.observe_rtf(self.voice.info.name, gen_s * 1000.0 / audio_ms
                                      if audio_ms else 0.0)
             self.audio_samples += seg_samples
@@ -247,7 +251,9 @@ class ContextPipeline:
 
     async def _put(self, frames: list[bytes], *, segment_start: bool, last: bool) -> None:
         self.frames_out += len(frames)
+        t = self.clock()
         await self.outbox.put_audio(self.ledger, frames, segment_start=segment_start, last=last)
+        self._blocked_s += self.clock() - t
 
     # --- hints -----------------------------------------------------------------
 
@@ -260,13 +266,17 @@ class ContextPipeline:
 
     def _send_hint(self, seg: Segment, first_chunk_ms: float | None) -> None:
         stats = self.voice_stats
-        rtf = stats.rtf.percentile(self.hint_config.percentile)
-        first_ms = first_chunk_ms or len(seg.text) * stats.audio_ms_per_char
-        # Later segments are unknown yet: plan for the longest the segmenter
-        # allows each of them (its growing limits), which bounds the wait.
-        limit = self.segmenter_config.limit
-        chunks = [first_ms, *(limit(seg.index + k) * stats.audio_ms_per_char
-                              for k in range(1, 5))]
+        rtf = stats.rtf.percentile(self.hint_config.percentile, self.clock())
+        plan = self.voice.info.chunk_plan_ms
+        if plan:  # a streaming voice: its own chunk schedule within the segment
+            chunks = list(plan)
+        else:
+            first_ms = first_chunk_ms or len(seg.text) * stats.audio_ms_per_char
+            # Later segments are unknown yet: plan for the longest the segmenter
+            # allows each of them (its growing limits), which bounds the wait.
+            limit = self.segmenter_config.limit
+            chunks = [first_ms, *(limit(seg.index + k) * stats.audio_ms_per_char
+                                  for k in range(1, 5))]
         hint = prebuffer_ms(rtf, chunks, self.hint_config.jitter_ms)
         elapsed = 0.0
         if self.ledger.first_sent_at is not None:

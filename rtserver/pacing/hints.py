@@ -58,6 +58,10 @@ class HintConfig:
     percentile: float = 0.95
     window: int = 64
     default_rtf: float = 0.5
+    # Observations older than this stop counting (the newest always counts), so
+    # a slow start (first CUDA calls, a burst an hour ago) does not inflate
+    # hints once the voice is fast again. 30 s: several sentences of traffic.
+    max_age_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.jitter_ms >= 0:
@@ -68,15 +72,19 @@ class HintConfig:
             raise ValueError(f"window must be >= 1, not {self.window}")
         if not self.default_rtf > 0:
             raise ValueError(f"default_rtf must be > 0, not {self.default_rtf}")
+        if not self.max_age_s > 0:
+            raise ValueError(f"max_age_s must be > 0, not {self.max_age_s}")
 
 
 class RtfTracker:
     """Recent real-time factors of one voice: a ring of the last ``window``
-    observations (generation time / audio time, one per segment)."""
+    observations (generation time / audio time, one per segment), of which
+    those younger than ``max_age_s`` count when ``now`` is given."""
 
     def __init__(self, config: HintConfig | None = None) -> None:
         self._config = config or HintConfig()
         self._ring: deque[float] = deque(maxlen=self._config.window)
+        self._times: deque[float] = deque(maxlen=self._config.window)
         self._total = 0
 
     @property
@@ -89,16 +97,17 @@ class RtfTracker:
         """Observations ever made."""
         return self._total
 
-    def observe(self, gen_s: float, audio_s: float) -> None:
-        """``gen_s`` seconds of work produced ``audio_s`` seconds of audio."""
+    def observe(self, gen_s: float, audio_s: float, now: float = 0.0) -> None:
+        """``gen_s`` seconds of work produced ``audio_s`` seconds of audio, at ``now``."""
         if not (math.isfinite(gen_s) and gen_s >= 0):
             raise ValueError(f"gen_s must be finite and >= 0, not {gen_s}")
         if not (math.isfinite(audio_s) and audio_s > 0):
             raise ValueError(f"audio_s must be finite and > 0, not {audio_s}")
         self._ring.append(gen_s / audio_s)
+        self._times.append(now)
         self._total += 1
 
-    def percentile(self, q: float | None = None) -> float:
+    def percentile(self, q: float | None = None, now: float | None = None) -> float:
         """Nearest-rank ``q``-quantile of the window (``q`` defaults to the
         config's): the smallest value with at least ``q`` of the window at or
         below it, so a short window answers its maximum for high q.
@@ -108,7 +117,12 @@ class RtfTracker:
             raise ValueError(f"q must be in [0, 1], not {q}")
         if not self._ring:
             return self._config.default_rtf
-        values = sorted(self._ring)
+        if now is None:
+            values = sorted(self._ring)
+        else:
+            oldest = now - self._config.max_age_s
+            values = sorted(r for r, t in zip(self._ring, self._times, strict=True)
+                            if t >= oldest) or [self._ring[-1]]
         rank = max(1, math.ceil(q * len(values) - 1e-9))
         return values[rank - 1]
 

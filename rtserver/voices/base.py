@@ -18,6 +18,10 @@ class VoiceInfo:
     sample_rate: int  # native output rate in Hz
     language: str = "en"
     description: str = ""
+    # A voice that streams within a segment gives the audio (ms) of the chunks
+    # it yields for one segment, in order (the hint maths plans with them);
+    # empty: one chunk per sentence, the whole sentence synthesized at once.
+    chunk_plan_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,9 +166,13 @@ class OrpheusVoice:
         self.speaker = speaker
         dummy = " (random weights: the speed is real, the sound is noise)" \
             if runtime.config.dummy_weights else ""
+        chunking = getattr(runtime.vocoder, "chunking", None)
+        frame_ms = 1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE
+        plan = tuple(chunking.chunk_frames(k) * frame_ms for k in range(8)) if chunking else ()
         self._info = VoiceInfo(name=f"{FAMILY}:{speaker}", family=FAMILY,
                                sample_rate=ot.SAMPLE_RATE, language="en",
-                               description=f"Orpheus TTS speaker {speaker}{dummy}")
+                               description=f"Orpheus TTS speaker {speaker}{dummy}",
+                               chunk_plan_ms=plan)
         self._closed = False
 
     @property

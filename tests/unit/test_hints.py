@@ -213,3 +213,15 @@ def test_tracker_and_config_validate() -> None:
     for bad in ({"jitter_ms": -1.0}, {"percentile": 2.0}, {"window": 0}, {"default_rtf": 0.0}):
         with pytest.raises(ValueError):
             HintConfig(**bad)
+
+
+def test_rtf_tracker_forgets_observations_older_than_max_age() -> None:
+    from rtserver.pacing.hints import HintConfig, RtfTracker
+
+    tracker = RtfTracker(HintConfig(max_age_s=30.0))
+    tracker.observe(4.7, 1.0, now=0.0)  # a slow first call
+    for t in range(1, 6):
+        tracker.observe(0.2, 1.0, now=100.0 + t)
+    assert tracker.percentile(0.95) == 4.7  # without a clock: the whole ring
+    assert tracker.percentile(0.95, now=106.0) == 0.2
+    assert tracker.percentile(0.95, now=1000.0) == 0.2  # all stale: the newest counts
