@@ -50,6 +50,8 @@ class ServerConfig:
     # Kernel send buffer per connection, bytes; 0 keeps the OS default.
     socket_send_buffer: int = 0
     drain_timeout_s: float = 10.0
+    # Threads that encode Opus for all connections; 0: one per core, at most 8.
+    encode_threads: int = 0
     ping_interval_s: float = 20.0
     web_root: str = ""  # empty: the packaged web_demo/ folder
     log_level: str = "info"

@@ -14,10 +14,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from rtserver.audio.framer import Framer, PcmS16Framer
 from rtserver.audio.opus import OpusConfig, OpusFramer
+from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
 from rtserver.errors import EngineFailed, RtError
 from rtserver.metrics import Metrics
@@ -39,6 +41,10 @@ STARVATION_MARGIN_S = 0.05
 # Frames of a context's first audio that go out before the rest of its chunk
 # is encoded: 5 x 20 ms covers the time the remainder takes to encode.
 FIRST_SEND_FRAMES = 5
+# Chunks of at least this many frames are encoded off the event loop; below it
+# the thread hop (~0.1 ms) is not worth it. Above FIRST_SEND_FRAMES, so the
+# context's first frames are always encoded inline, at once.
+OFFLOAD_FRAMES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,7 @@ class ContextPipeline:
     opus_config: OpusConfig
     metrics: Metrics
     clock: Callable[[], float] = time.monotonic
+    encode_pool: Executor | None = None  # threads for Opus encoding (None: inline)
     _inputs: asyncio.Queue[_Input] = field(default_factory=asyncio.Queue)
     _segments: asyncio.Queue[Segment | None] = field(default_factory=asyncio.Queue)
     first_segment_at: float | None = None
@@ -221,7 +228,7 @@ class ContextPipeline:
                         # before the rest of the chunk (Opus costs ~0.2 ms a frame)
                         head = min(len(pcm), FIRST_SEND_FRAMES * framer.frame_samples)
                     for part in (pcm[:head], pcm[head:]) if head else (pcm,):
-                        frames = framer.push(part)
+                        frames = await self._encode(framer, part)
                         if frames:
                             await self._put(frames, segment_start=pending_start, last=False)
                             pending_start = False
@@ -248,6 +255,15 @@ class ContextPipeline:
         if tail:
             await self._put(tail, segment_start=pending_start, last=True)
         self.outbox.put_deferred(self._done_message, self.context)
+
+    async def _encode(self, framer: Framer, pcm: FloatArray) -> list[bytes]:
+        """Frame ``pcm``: inline when short, else on the encode threads (libopus
+        is called through ctypes, which releases the GIL), so that many
+        streams' encoding spreads over the cores instead of the event loop."""
+        if self.encode_pool is None or len(pcm) < OFFLOAD_FRAMES * framer.frame_samples:
+            return framer.push(pcm)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.encode_pool, framer.push, pcm)
 
     async def _put(self, frames: list[bytes], *, segment_start: bool, last: bool) -> None:
         self.frames_out += len(frames)

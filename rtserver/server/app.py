@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 
@@ -30,6 +32,7 @@ class RtServer:
         self.app: AppState | None = None
         self._server: Server | None = None
         self._connections: set[Connection] = set()
+        self._encode_pool: ThreadPoolExecutor | None = None
 
     @property
     def port(self) -> int:
@@ -41,8 +44,10 @@ class RtServer:
         """Load and warm the voices, then listen; ``/ready`` turns 200 at the end."""
         say = progress or (lambda msg: log.info("%s", msg))
         self.voice_set = await load_voices(self.config, progress=say)
+        threads = self.config.server.encode_threads or min(8, os.cpu_count() or 1)
+        self._encode_pool = ThreadPoolExecutor(threads, thread_name_prefix="opus")
         self.app = AppState(config=self.config, voices=self.voice_set.voices,
-                            default_voice=self.voice_set.default)
+                            default_voice=self.voice_set.default, encode_pool=self._encode_pool)
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
         s = self.config.server
@@ -92,16 +97,20 @@ class RtServer:
             with contextlib.suppress(Exception):
                 await conn.ws.close(CloseCode.GOING_AWAY, "server going away")
         await self._server.wait_closed()
-        if self.voice_set is not None:
-            await self.voice_set.close()
+        await self._release()
 
     async def close(self) -> None:
         """Close at once (tests)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        await self._release()
+
+    async def _release(self) -> None:
         if self.voice_set is not None:
             await self.voice_set.close()
+        if self._encode_pool is not None:
+            self._encode_pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaitable[None]]

@@ -150,7 +150,7 @@ class Connection:
             context=start.context, start=start, voice=voice, ledger=ledger,
             outbox=self.outbox, voice_stats=self.app.voice_stats[action.voice],
             segmenter_config=cfg.segmenter, hint_config=cfg.hints, opus_config=cfg.opus,
-            metrics=self.app.metrics)
+            metrics=self.app.metrics, encode_pool=self.app.encode_pool)
         framer = pipeline.make_framer()
         self.outbox.put_control(Started(
             context=start.context, stream=action.stream, format=start.format,

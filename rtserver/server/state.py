@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from rtserver import __version__
@@ -21,6 +22,8 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
     voice_aliases: dict[str, str] = field(default_factory=dict)
+    # Opus encoding of many streams runs here, off the event loop
+    encode_pool: Executor | None = None
     ready: bool = False
     draining: bool = False
     connections: int = 0
