@@ -5,6 +5,12 @@ A job's key is (not first, deadline, arrival order): first segments decide
 TTFA, so they go ahead; later ones are served by when the listener needs them,
 which is the order that avoids underruns (earliest deadline first is optimal
 for one server when feasible; Liu & Layland, 1973).
+
+Calls are not preemptible, so a new stream's first segment could wait for a
+long sentence to finish on every worker (head-of-line blocking: up to a
+second on a 2-core machine). ``first_lane`` extra threads take first
+segments only: such a call then runs beside the long ones at once, sharing
+the cores for its ~50 ms instead of queueing behind them.
 """
 
 from __future__ import annotations
@@ -28,24 +34,32 @@ class _Job:
 class SynthesisPool:
     """A fixed set of threads pulling jobs from one priority heap."""
 
-    def __init__(self, workers: int, name: str = "synth") -> None:
+    def __init__(self, workers: int, name: str = "synth", first_lane: int = 1) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
+        if first_lane < 0:
+            raise ValueError("first_lane must be >= 0")
         self._heap: list[_Job] = []
         self._cond = threading.Condition()
         self._order = itertools.count()
         self._closed = False
         self._busy = 0
+        self._workers = workers
         self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(False,), name=f"{name}-{i}", daemon=True)
             for i in range(workers)
+        ] + [
+            threading.Thread(target=self._work, args=(True,), name=f"{name}-first-{i}",
+                             daemon=True)
+            for i in range(first_lane)
         ]
         for t in self._threads:
             t.start()
 
     @property
     def workers(self) -> int:
-        return len(self._threads)
+        """Threads that take any job (the first-segment lane not counted)."""
+        return self._workers
 
     @property
     def queued(self) -> int:
@@ -62,7 +76,7 @@ class SynthesisPool:
             if self._closed:
                 raise RuntimeError("synthesis pool is closed")
             heapq.heappush(self._heap, _Job((not first, deadline, next(self._order)), run, future))
-            self._cond.notify()
+            self._cond.notify_all()  # a lane thread may be the one that can take it
         return future
 
     def close(self) -> None:
@@ -75,10 +89,12 @@ class SynthesisPool:
         for t in self._threads:
             t.join(timeout=5)
 
-    def _work(self) -> None:
+    def _work(self, first_only: bool) -> None:
         while True:
             with self._cond:
-                while not self._heap and not self._closed:
+                # first jobs sort to the top of the heap, so a lane thread looks there
+                while not self._closed and (not self._heap
+                                            or (first_only and self._heap[0].key[0])):
                     self._cond.wait()
                 if self._closed:
                     return
