@@ -402,6 +402,9 @@ class Segmenter:
             j -= 1
         if j - 1 <= self._word_start or chars[j - 1] not in ",;!?." or not chars[j - 2].isalpha():
             return
+        if chars[j - 1] == "." and (j - 1 - self._word_start < 2
+                                    or not chars[j - 3].isalpha()):
+            return  # "e." may be "e.g.", "x." an initial: wait for what follows
         if self._classify(self._word_start, n) not in (_SENT, _CLAUSE) or not self._valid(n):
             return
         self._punct_cut = n
