@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", action="store_true",
                    help="also run the non-streaming baseline (bench/baseline.py) for the "
                    "whole and stream loads")
+    p.add_argument("--baseline-only", action="store_true",
+                   help="run only the baseline (with --baseline): skips rtserver's loads")
     p.add_argument("--baseline-concurrency", type=_levels,
                    help="baseline sweep levels (default: --concurrency)")
     p.add_argument("--lang", default="en", help="corpus language, or 'all' (default en)")
@@ -247,7 +249,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                            tags=tags, voice=args.voice, format=args.format,
                            sample_rate=args.sample_rate, frame_ms=args.frame_ms,
                            listener=listener) for pat in patterns]
-        for cfg in cfgs:
+        for cfg in [] if args.baseline_only else cfgs:
             if args.warmup:
                 await _warm_up(url, args.token, cfg, args.warmup, args.seed)
             seed = f"{args.seed}:{_load_label(cfg)}"

@@ -40,11 +40,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttfa-p99-ms", type=float, default=None,
                    help="capacity bound (default: the first run's)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--note", action="append", default=[], help="a line for summary.md")
+    p.add_argument("--drop", action="append", default=[], metavar="RUN:SYSTEM",
+                   help="leave out one system's samples of one run (e.g. a step that "
+                   "other processes disturbed); said in the summary")
     p.add_argument("runs", nargs="+", type=Path, help="folders holding results.json")
     args = p.parse_args(argv)
     runs = [json.loads((d / "results.json").read_text(encoding="utf-8")) for d in args.runs]
     names = [d.name for d in args.runs]
+    notes = list(args.note)
+    for spec in args.drop:
+        name, _, system = spec.partition(":")
+        run = runs[names.index(name)]
+        run["samples"] = [x for x in run["samples"] if x.get("system") != system]
+        run["steps"] = [x for x in run["steps"] if x.get("system") != system]
+        notes.append(f"{system} samples of run {name} left out (`--drop {spec}`); its own "
+                     f"results.json keeps them")
     merged = merge(runs, names)
+    merged["meta"]["notes"] = [*merged["meta"]["notes"], *notes]
     bound = args.ttfa_p99_ms or float(runs[0]["config"]["ttfa_p99_ms"])
     args.out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(merged, args.out, bound, not args.no_plots)
