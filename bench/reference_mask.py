@@ -33,16 +33,5 @@ REFERENCE_MASK_KEY: tuple[Any, ...] = (
 class AudioOnlyMask(CyclicMaskLogitsProcessor):
     """``CyclicMaskLogitsProcessor`` with one fixed mask for every request."""
 
-    def update_state(self, batch_update: Any) -> None:
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self._rows.pop(index, None)
-        for index, _params, _prompt, output_ids in batch_update.added:
-            self._rows[index] = (REFERENCE_MASK_KEY, output_ids)
-        for a, b, direction in batch_update.moved:
-            ra, rb = self._rows.pop(a, None), self._rows.pop(b, None)
-            if ra is not None:
-                self._rows[b] = ra
-            if rb is not None and direction.name == "SWAP":
-                self._rows[a] = rb
+    def _key_for(self, params: Any) -> tuple[Any, ...] | None:
+        return REFERENCE_MASK_KEY

@@ -136,7 +136,7 @@ class CyclicMaskLogitsProcessor(LogitsProcessor):
         for index in batch_update.removed:
             self._rows.pop(index, None)
         for index, params, _prompt, output_ids in batch_update.added:
-            key = _mask_key(params) if params is not None else None
+            key = self._key_for(params)
             if key is None:
                 self._rows.pop(index, None)
             else:
@@ -147,6 +147,10 @@ class CyclicMaskLogitsProcessor(LogitsProcessor):
                 self._rows[b] = ra
             if rb is not None and direction.name == "SWAP":
                 self._rows[a] = rb
+
+    def _key_for(self, params: Any) -> tuple[Any, ...] | None:
+        """The mask a newly added request uses (None: unmasked)."""
+        return _mask_key(params) if params is not None else None
 
     def _table(self, key: tuple[Any, ...], vocab: int, dtype: torch.dtype) -> torch.Tensor:
         table = self._tables.get(key)
