@@ -93,8 +93,6 @@ class ContextPipeline:
     # (characters received so far, arrival time) per fragment, until the first segment
     _arrivals: list[tuple[int, float]] = field(default_factory=list)
     chars_in: int = 0
-    audio_samples: int = 0
-    frames_out: int = 0
     spoken: list[str] = field(default_factory=list)
     _framer: Framer | None = None
 
@@ -246,7 +244,6 @@ class ContextPipeline:
             self.voice_stats.observe_segment(len(seg.text), audio_ms, gen_s, self.clock())
             self.metrics.observe_rtf(self.voice.info.name, gen_s * 1000.0 / audio_ms
                                      if audio_ms else 0.0)
-            self.audio_samples += seg_samples
             self.spoken.append(seg.text)
         tail: list[bytes] = []
         if resampler is not None:
@@ -266,7 +263,6 @@ class ContextPipeline:
         return await loop.run_in_executor(self.encode_pool, framer.push, pcm)
 
     async def _put(self, frames: list[bytes], *, segment_start: bool, last: bool) -> None:
-        self.frames_out += len(frames)
         t = self.clock()
         await self.outbox.put_audio(self.ledger, frames, segment_start=segment_start, last=last)
         self._blocked_s += self.clock() - t
