@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from rtserver.audio.framer import Framer, PcmS16Framer
+from rtserver.audio.framer import SAMPLE_RATES, Framer, PcmS16Framer
 from rtserver.audio.opus import OpusConfig, OpusFramer
 from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
@@ -108,10 +108,24 @@ class ContextPipeline:
     def end(self) -> None:
         self._inputs.put_nowait(_Input("end", at=self.clock(), end=self.chars_in))
 
+    def encode_rate(self) -> int:
+        """The rate audio is framed at. Opus: the voice's own rate when libopus
+        takes it as input and it is not above the requested rate (SNAC's 24 kHz),
+        else the requested rate. An Opus packet decodes at any rate, so the
+        client still decodes at ``start.sample_rate``; skipping the resampler
+        skips its hold-back too (soxr HQ returns nothing for the first 768
+        samples of 24 -> 48 kHz: that held the first frame back a whole chunk).
+        """
+        native = self.voice.info.sample_rate
+        if (self.start.format == "opus" and native in SAMPLE_RATES
+                and native <= self.start.sample_rate):
+            return native
+        return self.start.sample_rate
+
     def make_framer(self) -> Framer:
         if self._framer is None:
             if self.start.format == "opus":
-                self._framer = OpusFramer(self.start.sample_rate, self.start.frame_ms,
+                self._framer = OpusFramer(self.encode_rate(), self.start.frame_ms,
                                           config=self.opus_config)
             else:
                 self._framer = PcmS16Framer(self.start.sample_rate, self.start.frame_ms)
@@ -205,7 +219,7 @@ class ContextPipeline:
                 break
             self._busy = True
             if resampler is None:
-                resampler = Resampler(self.voice.info.sample_rate, self.start.sample_rate)
+                resampler = Resampler(self.voice.info.sample_rate, self.encode_rate())
             self.outbox.put_control(SegmentStarted(
                 context=self.context, index=seg.index, text=seg.text, source=seg.source,
                 seq=self.ledger.next_seq), self.context)
