@@ -184,10 +184,14 @@ class EngineCollector(Collector):
     """
 
     def __init__(self, stats: Callable[[], EngineStats], *, engine: str,
-                 prefix: str = "rtserver_engine") -> None:
+                 prefix: str = "rtserver_engine",
+                 extra_counters: Callable[[], dict[str, tuple[str, float]]] | None = None
+                 ) -> None:
         self._stats = stats
         self._engine = engine
         self._prefix = prefix
+        # the voice's own counters on the same engine: name -> (doc, value)
+        self._extra = extra_counters
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily
                                   | HistogramMetricFamily]:
@@ -219,6 +223,8 @@ class EngineCollector(Collector):
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache",
                       s.prefix_cache_hits_total)
         yield counter("preemptions", "Requests preempted by the scheduler", s.preemptions_total)
+        for name, (doc, value) in (self._extra() if self._extra else {}).items():
+            yield counter(name, doc, value)
         for name, doc, data in (
                 ("time_to_first_token_seconds", "From submitting a request to its first token",
                  s.ttft),

@@ -87,6 +87,11 @@ class OrpheusConfig:
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
     token_guard: str = "mask"  # "mask" | "allowed" | "none" (see engine.vllm_engine)
+    # An audio token of the wrong slot (possible unless token_guard is "mask"):
+    # "reslot" takes its code for the right slot (counted), "fail" fails the
+    # context with engine_failed. A token that is not audio always fails it.
+    wrong_slot: str = "reslot"
+    stream_interval: int = 1  # vLLM: tokens per delta after the first (see vllm_engine)
     tensor_parallel_size: int = 1
     seed: int = 0
     warm_up_frames: int = 4
@@ -124,6 +129,7 @@ class OrpheusRuntime:
         self._temp_dir = temp_dir
         self._users = 0
         self._voices: dict[str, OrpheusVoice] = {}
+        self.reslotted_tokens = 0  # wrong-slot audio tokens taken for the right slot
 
     def prompt_ids(self, speaker: str, text: str) -> list[int]:
         """Upstream prompt: tokenizer(f"{speaker}: {text}") with BOS, wrapped."""
@@ -221,7 +227,8 @@ class OrpheusVoice:
         if self._closed:
             raise EngineFailed("the voice is closed")
         treq = self.token_request(request, max_tokens=max_tokens)
-        frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS)
+        frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS,
+                                   reslot=self._rt.config.wrong_slot == "reslot")
         stream: VocoderStreamLike = self._rt.vocoder.open_stream()
         try:
             tokens = self._rt.engine.generate(treq)
@@ -240,6 +247,10 @@ class OrpheusVoice:
                 yield chunk
         finally:
             stream.close()
+            if frames.reslotted_tokens:
+                self._rt.reslotted_tokens += frames.reslotted_tokens
+                log.debug("request %s: %d audio tokens of the wrong slot re-slotted",
+                          request.request_id, frames.reslotted_tokens)
 
     async def close(self) -> None:
         if not self._closed:
@@ -296,6 +307,8 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
         raise ConfigError(f"Orpheus speaker {cfg.speaker!r} is not one of {cfg.speakers}")
     if cfg.token_guard not in ("mask", "allowed", "none"):
         raise ConfigError(f"Orpheus token_guard {cfg.token_guard!r}: mask, allowed or none")
+    if cfg.wrong_slot not in ("reslot", "fail"):
+        raise ConfigError(f"Orpheus wrong_slot {cfg.wrong_slot!r}: reslot or fail")
     model_dir, temp_dir = _resolve_model_dir(cfg)
     try:
         tokenizer = await asyncio.to_thread(Tokenizer.from_file,
@@ -308,7 +321,8 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
             enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
             priority_scheduling=cfg.priority_scheduling,
             token_guard=cfg.token_guard,  # type: ignore[arg-type]
-            tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed))
+            tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,
+            stream_interval=cfg.stream_interval))
         snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
         if snac_dir is None and not cfg.dummy_weights:
             raise ConfigError("Orpheus needs a SNAC folder (orpheus snac_dir), or dummy weights")

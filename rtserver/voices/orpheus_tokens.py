@@ -119,6 +119,13 @@ def token_to_code(token_id: int, position: int) -> int:
     return code
 
 
+def any_slot_code(token_id: int) -> int:
+    """The code of an audio token of any slot (``token_id`` must be one)."""
+    if not AUDIO_TOKENS_START <= token_id < AUDIO_TOKENS_END:
+        raise MalformedStream(f"token {token_id} is not an audio token")
+    return (token_id - AUDIO_TOKENS_START) % CODEBOOK_SIZE
+
+
 def code_to_token(code: int, slot: int) -> int:
     """Inverse of ``token_to_code`` (used to build test streams)."""
     if not 0 <= code < CODEBOOK_SIZE:
@@ -141,21 +148,28 @@ class FrameAssembler:
     """Turns the model's token stream into complete frames, in neutral order.
 
     ``feed`` takes each delta as it arrives and returns the frames it completed
-    (shape (n, 7), maybe n = 0). A token that is not the right slot's audio
-    token raises ``MalformedStream``. An end token at a frame boundary ends the
-    stream; one inside a frame drops that partial frame (as upstream's decoder
-    does) and is counted in ``dropped_tokens``.
+    (shape (n, 7), maybe n = 0). A token that is not an audio token raises
+    ``MalformedStream``; so does an audio token of the wrong slot, unless
+    ``reslot``: then its code is taken for the slot its position calls for
+    (one code off in one frame, a brief blemish rather than a failed reply)
+    and counted in ``reslotted_tokens``. An end token at a frame boundary ends
+    the stream; one inside a frame drops that partial frame (as upstream's
+    decoder does) and is counted in ``dropped_tokens``.
     """
 
-    __slots__ = ("_codes", "_end", "dropped_tokens", "ended", "frames", "position")
+    __slots__ = ("_codes", "_end", "_reslot", "dropped_tokens", "ended", "frames", "position",
+                 "reslotted_tokens")
 
-    def __init__(self, end_token_ids: Sequence[int] = STOP_TOKEN_IDS) -> None:
+    def __init__(self, end_token_ids: Sequence[int] = STOP_TOKEN_IDS, *,
+                 reslot: bool = False) -> None:
         self._codes: list[int] = []
         self._end = frozenset(end_token_ids)
+        self._reslot = reslot
         self.position = 0  # audio tokens accepted so far
         self.frames = 0  # frames returned so far
         self.ended = False
         self.dropped_tokens = 0
+        self.reslotted_tokens = 0
 
     def feed(self, token_ids: Sequence[int]) -> IntArray:
         for token in token_ids:
@@ -166,7 +180,14 @@ class FrameAssembler:
                 self.dropped_tokens += len(self._codes) % FRAME_TOKENS
                 del self._codes[len(self._codes) - len(self._codes) % FRAME_TOKENS:]
                 continue
-            self._codes.append(token_to_code(token, self.position))
+            try:
+                code = token_to_code(token, self.position)
+            except MalformedStream:
+                if not self._reslot:
+                    raise
+                code = any_slot_code(token)  # raises for a token that is not audio
+                self.reslotted_tokens += 1
+            self._codes.append(code)
             self.position += 1
         complete = len(self._codes) // FRAME_TOKENS
         if complete == 0:

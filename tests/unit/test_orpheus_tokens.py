@@ -109,6 +109,18 @@ def test_wrong_slot_is_malformed() -> None:
         ot.FrameAssembler().feed([ot.BEGIN_OF_TEXT])
 
 
+def test_reslot_takes_the_code_for_the_slot_the_position_calls_for() -> None:
+    # slot 2's code 5 at position 1 (slot 1) becomes slot 1's code 5
+    tokens = _frame_tokens([1, 2, 3, 4, 5, 6, 7])
+    tokens[1] = ot.code_to_token(5, 2)
+    asm = ot.FrameAssembler(reslot=True)
+    [frame] = asm.feed(tokens).tolist()
+    assert frame == [1, 5, 5, 3, 4, 6, 7]  # neutral order: slot 1 is the second code
+    assert asm.reslotted_tokens == 1
+    with pytest.raises(ot.MalformedStream, match="not an audio token"):
+        ot.FrameAssembler(reslot=True).feed([ot.BEGIN_OF_TEXT])  # text is never audio
+
+
 @given(position=st.integers(0, 10_000), token=st.integers(0, ot.VOCAB_SIZE - 1))
 def test_engine_mask_allows_exactly_what_the_assembler_accepts(position: int, token: int
                                                                ) -> None:
