@@ -51,7 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", default="1,8,32,64", help="concurrent requests per burst")
     p.add_argument("--tokens", type=int, default=280, help="tokens per request (7 per frame)")
     p.add_argument("--repeats", type=int, default=3, help="bursts per level")
-    p.add_argument("--mode", choices=["engine", "voice", "both"], default="both")
+    p.add_argument("--mode", choices=["engine", "voice", "both", "load"], default="both",
+                   help="load: N-1 requests decoding steadily while probe requests "
+                        "measure a new stream's 7th/28th token; gives steady tokens/s")
+    p.add_argument("--repetition-penalty", default="",
+                   help="comma list: run every level at each (default: the voice's 1.3)")
+    p.add_argument("--probes", type=int, default=6, help="load mode: probes per level")
+    p.add_argument("--write-random", default="",
+                   help="write an Orpheus-layout checkpoint with audio-biased random weights "
+                        "to this folder first and load it (see tiny_orpheus."
+                        "write_random_orpheus); no logits mask needed")
     p.add_argument("--text", default=PROMPT_TEXT)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=4096)
@@ -59,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--token-guard", choices=["mask", "allowed", "none"], default="mask")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     return p
 
@@ -72,27 +82,93 @@ def _summary_ms(values: list[float | None]) -> dict[str, Any]:
             for k, v in summarize(values).as_dict().items()}
 
 
-async def _engine_request(voice: Any, rid: str, text: str, tokens: int) -> dict[str, Any]:
+def _fixed_request(voice: Any, rid: str, text: str, tokens: int, *, first: bool = True,
+                   rep: float | None = None) -> Any:
+    """The voice's engine request, run to exactly ``tokens`` (no stop, no end token)."""
     from rtserver.voices.base import SynthesisRequest
 
-    req = voice.token_request(SynthesisRequest(text=text, request_id=rid, first=True))
-    # fixed length: no stop tokens, no end token in the mask (slot ranges only)
+    req = voice.token_request(SynthesisRequest(text=text, request_id=rid, first=first))
     mask = dataclasses.replace(req.mask, end_ids=()) if req.mask is not None else None
-    req = dataclasses.replace(req, max_tokens=tokens, stop_token_ids=(), mask=mask)
+    sampling = req.sampling if rep is None else dataclasses.replace(
+        req.sampling, repetition_penalty=rep)
+    return dataclasses.replace(req, max_tokens=tokens, stop_token_ids=(), mask=mask,
+                               sampling=sampling)
+
+
+def _token_check(tokens: list[int]) -> tuple[int, int]:
+    """(tokens that are not audio tokens, audio tokens of the wrong slot)."""
+    from rtserver.voices import orpheus_tokens as ot
+
+    non_audio = wrong = 0
+    for i, t in enumerate(tokens):
+        if not ot.AUDIO_TOKENS_START <= t < ot.AUDIO_TOKENS_END:
+            non_audio += 1
+        elif not ot.slot_range(i % 7)[0] <= t < ot.slot_range(i % 7)[1]:
+            wrong += 1
+    return non_audio, wrong
+
+
+async def _engine_request(voice: Any, rid: str, text: str, tokens: int,
+                          rep: float | None = None, first: bool = True,
+                          counter: list[int] | None = None) -> dict[str, Any]:
+    req = _fixed_request(voice, rid, text, tokens, first=first, rep=rep)
     engine = voice.runtime.engine
     t0 = time.perf_counter()
     marks: dict[int, float] = {}
-    n = 0
+    seen: list[int] = []
     async for delta in engine.generate(req):
-        n += len(delta)
+        seen.extend(delta)
+        if counter is not None:
+            counter[0] += len(delta)
         for k in (1, 7, 28):
-            if k not in marks and n >= k:
+            if k not in marks and len(seen) >= k:
                 marks[k] = time.perf_counter() - t0
     total = time.perf_counter() - t0
-    first = marks.get(1)
-    rate = (n - 1) / (total - first) if first is not None and total > first and n > 1 else None
-    return {"tokens": n, "prompt_tokens": len(req.prompt_token_ids), "ttft": first,
-            "t7": marks.get(7), "t28": marks.get(28), "total": total, "tok_per_s": rate}
+    n = len(seen)
+    first_at = marks.get(1)
+    rate = ((n - 1) / (total - first_at) if first_at is not None and total > first_at and n > 1
+            else None)
+    non_audio, wrong = _token_check(seen)
+    return {"tokens": n, "prompt_tokens": len(req.prompt_token_ids), "ttft": first_at,
+            "t7": marks.get(7), "t28": marks.get(28), "total": total, "tok_per_s": rate,
+            "non_audio": non_audio, "wrong_slot": wrong}
+
+
+async def _load_level(voice: Any, n: int, args: argparse.Namespace, tag: str,
+                      rep: float | None) -> dict[str, Any]:
+    """N-1 later-segment requests decode steadily; probes (first segments) come
+    one after another and measure what a new stream sees; tokens/s of all."""
+    engine = voice.runtime.engine
+    counter = [0]
+    room = args.max_model_len - 200  # the prompt is under 200 tokens
+    background = [asyncio.ensure_future(_engine_request(
+        voice, f"{tag}-bg-{n}-{i}", args.text, room, rep, first=False, counter=counter))
+        for i in range(n - 1)]
+    try:
+        deadline = time.perf_counter() + 60
+        # vLLM's scheduler stats have no event to wait on: poll them
+        while engine.stats().running < n - 1 and time.perf_counter() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # past the burst of prefills: steady decoding
+        probes = []
+        c0, w0 = counter[0], time.perf_counter()
+        for k in range(args.probes):
+            probes.append(await _engine_request(voice, f"{tag}-probe-{n}-{k}", args.text,
+                                                args.tokens, rep, first=True, counter=counter))
+        window = time.perf_counter() - w0
+        steady = (counter[0] - c0) / window
+    finally:
+        for task in background:
+            task.cancel()
+        done = await asyncio.gather(*background, return_exceptions=True)
+    rows = probes + [d for d in done if isinstance(d, dict)]
+    return {"mode": "load", "streams": n, "repetition_penalty": rep, "probes": len(probes),
+            **{k: _summary_ms([p[k] for p in probes]) for k in ("ttft", "t7", "t28")},
+            "probe_tok_per_s": summarize([p["tok_per_s"] for p in probes]).as_dict(),
+            "steady_tokens_per_s": round(steady, 1), "window_s": round(window, 3),
+            "non_audio_tokens": sum(p["non_audio"] for p in probes),
+            "wrong_slot_tokens": sum(p["wrong_slot"] for p in probes),
+            "probe_tokens": sum(p["tokens"] for p in probes), "rows": len(rows)}
 
 
 async def _voice_request(voice: Any, rid: str, text: str, tokens: int) -> dict[str, Any]:
@@ -115,14 +191,20 @@ async def _voice_request(voice: Any, rid: str, text: str, tokens: int) -> dict[s
 
 
 async def _level(voice: Any, mode: str, n: int, args: argparse.Namespace,
-                 tag: str) -> dict[str, Any]:
-    fn = _engine_request if mode == "engine" else _voice_request
+                 tag: str, rep: float | None = None) -> dict[str, Any]:
+    if mode == "load":
+        return await _load_level(voice, n, args, tag, rep)
     rows: list[dict[str, Any]] = []
     bursts: list[float] = []
     for r in range(args.repeats):
         t0 = time.perf_counter()
-        rows += await asyncio.gather(*(fn(voice, f"{tag}-{mode}-{n}-{r}-{i}", args.text,
-                                          args.tokens) for i in range(n)))
+        if mode == "engine":
+            rows += await asyncio.gather(*(_engine_request(
+                voice, f"{tag}-{mode}-{n}-{r}-{i}", args.text, args.tokens, rep)
+                for i in range(n)))
+        else:
+            rows += await asyncio.gather(*(_voice_request(
+                voice, f"{tag}-{mode}-{n}-{r}-{i}", args.text, args.tokens) for i in range(n)))
         bursts.append(time.perf_counter() - t0)
     out: dict[str, Any] = {"mode": mode, "streams": n, "requests": len(rows),
                            "burst_s": [round(b, 3) for b in bursts]}
@@ -131,6 +213,10 @@ async def _level(voice: Any, mode: str, n: int, args: argparse.Namespace,
         out["tok_per_s"] = summarize([row["tok_per_s"] for row in rows]).as_dict()
         out["tokens"] = rows[0]["tokens"]
         out["prompt_tokens"] = rows[0]["prompt_tokens"]
+        out["repetition_penalty"] = rep
+        out["burst_tokens_per_s"] = round(sum(row["tokens"] for row in rows) / sum(bursts), 1)
+        out["non_audio_tokens"] = sum(row["non_audio"] for row in rows)
+        out["wrong_slot_tokens"] = sum(row["wrong_slot"] for row in rows)
     else:
         out |= {k: _summary_ms([row[k] for row in rows]) for k in ("ttfa", "total")}
         out["rtf"] = summarize([row["rtf"] for row in rows]).as_dict()
@@ -143,10 +229,17 @@ def _print_row(row: dict[str, Any]) -> None:
         v = row.get(key, {}).get(stat)
         return "-" if v is None else f"{v:.1f}"
 
-    if row["mode"] == "engine":
-        print(f"engine N={row['streams']:>4}  ttft p50 {p('ttft', 'p50')} p99 {p('ttft', 'p99')}"
-              f"  7tok p50 {p('t7', 'p50')} p99 {p('t7', 'p99')}  28tok p50 {p('t28', 'p50')}"
-              f"  tok/s/stream p50 {p('tok_per_s', 'p50')}", flush=True)
+    if row["mode"] == "load":
+        print(f"load   N={row['streams']:>4} rep {row['repetition_penalty']}  probe ttft p50 "
+              f"{p('ttft', 'p50')}  7tok p50 {p('t7', 'p50')} max {p('t7', 'max')}  28tok p50 "
+              f"{p('t28', 'p50')}  steady {row['steady_tokens_per_s']} tok/s  non-audio "
+              f"{row['non_audio_tokens']}/{row['probe_tokens']} wrong-slot "
+              f"{row['wrong_slot_tokens']}", flush=True)
+    elif row["mode"] == "engine":
+        print(f"engine N={row['streams']:>4} rep {row['repetition_penalty']}  ttft p50 "
+              f"{p('ttft', 'p50')} p99 {p('ttft', 'p99')}  7tok p50 {p('t7', 'p50')} p99 "
+              f"{p('t7', 'p99')}  28tok p50 {p('t28', 'p50')}  tok/s/stream p50 "
+              f"{p('tok_per_s', 'p50')}  burst {row['burst_tokens_per_s']} tok/s", flush=True)
     else:
         print(f"voice  N={row['streams']:>4}  ttfa p50 {p('ttfa', 'p50')} p99 {p('ttfa', 'p99')}"
               f" ms  rtf p50 {row['rtf']['p50']:.3f} p99 {row['rtf']['p99']:.3f}", flush=True)
@@ -159,6 +252,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     snac_dir = args.snac_dir
     tmp = None
+    if args.write_random:
+        from rtserver.testing.tiny_orpheus import write_random_orpheus
+
+        t0 = time.perf_counter()
+        write_random_orpheus(args.write_random, shape=args.shape)
+        if not snac_dir:  # SNAC through its real loader too, random weights
+            from rtserver.testing.tiny_snac import write_tiny_snac
+
+            snac_dir = str(write_tiny_snac(Path(args.write_random) / "snac",
+                                           shape=args.snac_shape))
+        print(f"wrote audio-biased random weights to {args.write_random} in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        args.model_dir = args.write_random
     if not snac_dir and args.dummy_weights and args.snac_shape == "tiny":
         from rtserver.testing.tiny_snac import write_tiny_snac
 
@@ -169,7 +275,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         shape=args.shape, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager, token_guard=args.token_guard,
-        enable_prefix_caching=not args.no_prefix_caching)
+        enable_prefix_caching=not args.no_prefix_caching, stream_interval=args.stream_interval)
     t0 = time.perf_counter()
     voice = await load_orpheus_voice(cfg)
     start_s = time.perf_counter() - t0
@@ -179,14 +285,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
         modes = ["engine", "voice"] if args.mode == "both" else [args.mode]
         # one untimed burst at the largest level: first-shape costs out of the way
-        await _level(voice, modes[0], max(levels), argparse.Namespace(**{**vars(args),
+        warm_mode = "engine" if modes[0] == "load" else modes[0]
+        await _level(voice, warm_mode, max(levels), argparse.Namespace(**{**vars(args),
                      "repeats": 1}), "warm")
+        reps = [float(x) for x in args.repetition_penalty.split(",") if x.strip()] or [None]
         rows = []
         for mode in modes:
-            for n in levels:
-                row = await _level(voice, mode, n, args, "run")
-                _print_row(row)
-                rows.append(row)
+            for rep in reps if mode != "voice" else [None]:
+                for n in levels:
+                    row = await _level(voice, mode, n, args, "run", rep)
+                    _print_row(row)
+                    rows.append(row)
+                    if args.out is not None:  # what is done so far survives a timeout
+                        args.out.write_text(json.dumps({"partial": True, "rows": rows},
+                                                       indent=2))
         stats = dataclasses.asdict(voice.runtime.engine.stats())
     finally:
         await voice.close()
@@ -194,8 +306,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             tmp.cleanup()
     return {
         "benchmark": "orpheus engine/voice",
-        "weights": "random (dummy): speed is real, sound is noise" if args.dummy_weights
-        else "checkpoint",
+        "weights": ("random (dummy): speed is real, sound is noise" if args.dummy_weights
+                    else "random, audio-biased (write_random_orpheus): speed is real, sound "
+                    "is noise" if args.write_random else "checkpoint"),
         "shape": args.shape if not args.model_dir else "model_dir",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                      if k not in ("model_dir", "snac_dir", "out")},
@@ -228,8 +341,8 @@ def _versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.model_dir and not args.dummy_weights:
-        print("give --model-dir or --dummy-weights", file=sys.stderr)
+    if not args.model_dir and not args.dummy_weights and not args.write_random:
+        print("give --model-dir, --dummy-weights or --write-random", file=sys.stderr)
         return 2
     results = asyncio.run(run(args))
     if args.out is not None:

@@ -80,6 +80,9 @@ class VllmEngineConfig:
     token_guard: TokenGuard = "mask"
     tensor_parallel_size: int = 1
     seed: int = 0
+    # Tokens per streamed delta after the first (vLLM's stream_interval): fewer,
+    # larger deltas cost the frontend less under load; 1: every token at once.
+    stream_interval: int = 1
     # vLLM's own request logging (one line per request); off for speed.
     log_requests: bool = False
 
@@ -278,6 +281,7 @@ class VllmEngine:
             enable_prefix_caching=c.enable_prefix_caching,
             scheduling_policy="priority" if c.priority_scheduling else "fcfs",
             tensor_parallel_size=c.tensor_parallel_size,
+            stream_interval=c.stream_interval,
             # Stats reach us through our StatLoggerBase; vLLM's own periodic
             # log lines stay off.
             disable_log_stats=True,

@@ -23,6 +23,7 @@ tokenizer's; every id Orpheus' prompt and audio layout uses is the same.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -204,3 +205,88 @@ def write_tiny_orpheus(directory: str | Path, *, shape: Shape = "tiny",
         save_file(_weights(config, seed), str(out / "model.safetensors"),
                   metadata={"format": "pt"})
     return out
+
+
+# Spread of the audio logits in ``write_random_orpheus``: the final RMSNorm
+# leaves |h| ~ sqrt(hidden) (55 at 3072), so with audio rows of std 0.02 * gain
+# an audio logit is ~N(0, (sqrt(hidden) * 0.02 * gain)^2); gain is set so that
+# is N(0, 11^2) (gain 9.9 at 3B). The best of 28,672 audio logits (~4 sigma,
+# ~45) then outweighs all 128,268 other tokens by e^60 at
+# temperature 0.6: the model writes audio tokens and nothing else (the other
+# tokens' logits, ~N(0, 1.1^2), stay below ~6).
+AUDIO_LOGIT_STD = 11.0
+
+
+def write_random_orpheus(directory: str | Path, *, shape: Shape = "3b", seed: int = 0,
+                         device: str | None = None) -> Path:
+    """An Orpheus folder with random bfloat16 weights that write audio tokens only.
+
+    For benchmarks of the real shapes through vLLM's normal loader without a
+    logits mask (which would force vLLM's slower V1 model runner): the rows of
+    the tied embedding / LM head of the 28,672 audio tokens are scaled up (see
+    ``AUDIO_LOGIT_STD``); every other token's logit stays ~N(0, 1.1^2).
+    End-of-speech is never sampled (like ``load_format="dummy"``, speech never
+    ends: the token budget ends it). Slots are random: a stream of them needs
+    the voice's ``wrong_slot="reslot"``. Speed is real, the sound is noise.
+    Generated with torch (on the GPU when there is one: seconds for 3B).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    from rtserver.voices.orpheus_tokens import AUDIO_TOKENS_END, AUDIO_TOKENS_START
+
+    out = write_tiny_orpheus(directory, shape=shape, with_weights=False, seed=seed)
+    config = llama_config(shape)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+
+    def rand(*dims: int) -> torch.Tensor:
+        x = torch.randn(dims, generator=gen, device=dev, dtype=torch.float32) * 0.02
+        return x.to(torch.bfloat16).cpu()
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    embed = rand(config["vocab_size"], h)
+    gain = AUDIO_LOGIT_STD / (math.sqrt(h) * 0.02)
+    embed[AUDIO_TOKENS_START:AUDIO_TOKENS_END] *= gain
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": ones(h)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": rand(q, h),
+            p + "self_attn.k_proj.weight": rand(kv, h),
+            p + "self_attn.v_proj.weight": rand(kv, h),
+            p + "self_attn.o_proj.weight": rand(h, q),
+            p + "mlp.gate_proj.weight": rand(inter, h),
+            p + "mlp.up_proj.weight": rand(inter, h),
+            p + "mlp.down_proj.weight": rand(h, inter),
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
+        }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Write an Orpheus-layout HF Llama folder.")
+    p.add_argument("out", type=Path)
+    p.add_argument("--shape", choices=["tiny", "3b"], default="tiny")
+    p.add_argument("--weights", choices=["none", "random", "audio-biased"], default="none",
+                   help="none: config only (vLLM load_format=dummy); random: float16 "
+                        "(tiny only); audio-biased: write_random_orpheus")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.weights == "audio-biased":
+        print(write_random_orpheus(a.out, shape=a.shape, seed=a.seed))
+    else:
+        print(write_tiny_orpheus(a.out, shape=a.shape, with_weights=a.weights == "random",
+                                 seed=a.seed))
+
+
+if __name__ == "__main__":
+    main()
