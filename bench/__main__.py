@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=15.0,
                    help="seconds per sweep level or arrival rate (default 15)")
     p.add_argument("--step-s", type=float, default=5.0, help="ramp: seconds per step")
+    p.add_argument("--stagger-s", type=float, default=0.0,
+                   help="sweep: user k of N joins k*S/N seconds in, so turns arrive spread "
+                        "out as in steady traffic (default 0: all at once, a burst)")
     p.add_argument("--seed", default="0", help="seed for texts and schedules (default 0)")
     p.add_argument("--ttfa-p99-ms", type=float, default=250.0,
                    help="capacity: TTFA p99 bound for a level to count (default 250)")
@@ -269,9 +272,10 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             else:
                 for level in args.concurrency:
                     st = state_for("rtserver", "sweep", cfg, level)
+                    joins = [k * args.stagger_s / level for k in range(level)]
                     await step("rtserver", "sweep", cfg, level, args.duration,
                                loads.closed_loop(url, args.token, cfg, level, args.duration,
-                                                 f"{seed}:c{level}", st))
+                                                 f"{seed}:c{level}", st, join_at_s=joins))
                     row = report.aggregate([s for s in samples if s.get("system") == "rtserver"
                                             and s.get("run") == "sweep"
                                             and s.get("load") == _load_label(cfg)
@@ -306,7 +310,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             code = await asyncio.to_thread(s.stop)
             progress.say(f"stopped pid {s.pid} (exit {code})")
     config = {"seed": args.seed, "duration_s": args.duration, "fragment": args.fragment,
-              "users_listen": not args.back_to_back,
+              "users_listen": not args.back_to_back, "stagger_s": args.stagger_s,
               "tokens_per_s": args.tokens_per_s, "jitter": args.jitter, "format": args.format,
               "sample_rate": args.sample_rate, "frame_ms": args.frame_ms,
               "loads": patterns, "concurrency": args.concurrency, "ramp": args.ramp,

@@ -150,6 +150,10 @@ def _config_line(cfg: dict[str, Any]) -> str:
     listen = cfg.get("users_listen")
     pacing = ("" if listen is None else "users listen to each reply before the next turn; "
               if listen else "turns back to back (no listening); ")
+    if cfg.get("stagger_s"):
+        pacing += f"users join spread over {cfg['stagger_s']:g} s; "
+    else:
+        pacing += "all users start at once (a burst); "
     return (f"{pacing}seed {cfg['seed']}; {cfg['duration_s']:g} s per step; fragments "
             f"'{cfg['fragment']}' at {cfg['tokens_per_s']:g}/s (jitter {cfg['jitter']:g}); "
             f"{cfg['format']} {cfg['sample_rate']} Hz, {cfg['frame_ms']:g} ms frames")

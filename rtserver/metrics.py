@@ -6,6 +6,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 # TTFA buckets in ms: dense below 100 ms where the goals are (DESIGN.md).
 TTFA_BUCKETS_MS = (10, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 500, 1000, 2000, 5000)
+# Parts of TTFA, ms: most are a few ms, the model's part tens.
+STAGE_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 30, 40, 50, 60, 80, 100, 150, 200, 500, 1000)
+# Where a context's first audio spends its time, in order (pipeline.py):
+FIRST_AUDIO_STAGES = (
+    "segmenter",  # the fragment that completed the first segment -> the segment cut
+    "queue",  # cut -> its synthesis starts
+    "model",  # -> the voice has the model output for its first audio (Orpheus: one frame)
+    "vocoder",  # -> the voice yields the first PCM (the whole voice, if it reports no model part)
+    "encode",  # -> the first frames are resampled, encoded and queued
+    "send",  # -> the first frame is handed to the socket
+)
 RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
@@ -17,6 +28,10 @@ class Metrics:
         r = self.registry
         self.ttfa_ms = Histogram("rtserver_ttfa_ms", "Time to first audio per context, ms",
                                  ["voice"], buckets=TTFA_BUCKETS_MS, registry=r)
+        self.first_audio_stage_ms = Histogram(
+            "rtserver_first_audio_stage_ms",
+            "Parts of each context's time to first audio, ms (stages in metrics.py)",
+            ["voice", "stage"], buckets=STAGE_BUCKETS_MS, registry=r)
         self.rtf = Histogram("rtserver_rtf", "Generation time over audio time per segment",
                              ["voice"], buckets=RTF_BUCKETS, registry=r)
         self.connections = Gauge("rtserver_active_connections", "Open WebSocket connections",

@@ -27,7 +27,7 @@ from rtserver.pacing.hints import HintConfig, RtfTracker, ahead_ms, prebuffer_ms
 from rtserver.protocol.messages import BufferHint, Done, SegmentStarted, Start
 from rtserver.server.outbox import ContextLedger, Outbox
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
-from rtserver.voices.base import SynthesisRequest, Voice
+from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, Voice
 
 log = logging.getLogger("rtserver.context")
 _request_ids = itertools.count()
@@ -95,6 +95,11 @@ class ContextPipeline:
     chars_in: int = 0
     spoken: list[str] = field(default_factory=list)
     _framer: Framer | None = None
+    # the first segment's way to its first frame: cut, synthesis start, first
+    # PCM, first frames queued; the voice's own marks (see SynthesisRequest)
+    _first_cut_at: float | None = None
+    _first_times: dict[str, float] = field(default_factory=dict)
+    _first_marks: dict[str, float] = field(default_factory=dict)
 
     # --- input from the connection (never blocks) ---------------------------
 
@@ -191,6 +196,7 @@ class ContextPipeline:
         for seg in segments:
             if self.first_segment_at is None:
                 self.first_segment_at = self._completed_at(seg, item)
+                self._first_cut_at = self.clock()
             self._segments.put_nowait(seg)
 
     def _completed_at(self, seg: Segment, item: _Input | None) -> float:
@@ -225,13 +231,19 @@ class ContextPipeline:
                 seq=self.ledger.next_seq), self.context)
             pending_start = True
             self._send_hint(seg, first_chunk_ms=None)  # fresh rtf for a resume after underrun
+            first_audio = self.ledger.next_seq == 0
             request = SynthesisRequest(
                 text=seg.text, request_id=f"{self.context}-{next(_request_ids)}",
-                first=seg.index == 0, deadline=self._deadline())
+                first=seg.index == 0, deadline=self._deadline(),
+                marks=self._first_marks if first_audio else None)
             began = self.clock()
+            if first_audio:
+                self._first_times = {"began": began}
             seg_samples = 0
             try:
                 async for chunk in self.voice.synthesize(request):
+                    if first_audio and "pcm" not in self._first_times:
+                        self._first_times["pcm"] = self.clock()
                     seg_samples += len(chunk.samples)
                     pcm = resampler.process(chunk.samples)
                     head = 0
@@ -242,6 +254,8 @@ class ContextPipeline:
                     for part in (pcm[:head], pcm[head:]) if head else (pcm,):
                         frames = await self._encode(framer, part)
                         if frames:
+                            if first_audio and "queued" not in self._first_times:
+                                self._first_times["queued"] = self.clock()
                             await self._put(frames, segment_start=pending_start, last=False)
                             pending_start = False
                             if head:
@@ -265,7 +279,30 @@ class ContextPipeline:
         tail.extend(framer.finish())
         if tail:
             await self._put(tail, segment_start=pending_start, last=True)
+        self._observe_first_audio()
         self.outbox.put_deferred(self._done_message, self.context)
+
+    def _observe_first_audio(self) -> None:
+        """TTFA's parts (``metrics.FIRST_AUDIO_STAGES``), those that are known."""
+        t = self._first_times
+        if self.first_segment_at is None or self._first_cut_at is None or "began" not in t:
+            return
+        points = [("segmenter", self.first_segment_at, self._first_cut_at),
+                  ("queue", self._first_cut_at, t["began"])]
+        model_at = self._first_marks.get(MODEL_OUTPUT_MARK)
+        if "pcm" in t:
+            if model_at is not None and t["began"] <= model_at <= t["pcm"]:
+                points += [("model", t["began"], model_at), ("vocoder", model_at, t["pcm"])]
+            else:
+                points.append(("vocoder", t["began"], t["pcm"]))
+            if "queued" in t:
+                points.append(("encode", t["pcm"], t["queued"]))
+                sent = self.ledger.first_sent_at
+                if sent is not None:
+                    points.append(("send", t["queued"], sent))
+        hist = self.metrics.first_audio_stage_ms
+        for stage, a, b in points:
+            hist.labels(self.voice.info.name, stage).observe(max(0.0, 1000.0 * (b - a)))
 
     async def _encode(self, framer: Framer, pcm: FloatArray) -> list[bytes]:
         """Frame ``pcm``: inline when short, else on the encode threads (libopus
@@ -294,8 +331,11 @@ class ContextPipeline:
         stats = self.voice_stats
         rtf = stats.rtf.percentile(self.hint_config.percentile, self.clock())
         plan = self.voice.info.chunk_plan_ms
+        cost: list[float] | None = None
         if plan:  # a streaming voice: its own chunk schedule within the segment
             chunks = list(plan)
+            if len(self.voice.info.chunk_cost_ms) == len(plan):
+                cost = list(self.voice.info.chunk_cost_ms)
         else:
             first_ms = first_chunk_ms or len(seg.text) * stats.audio_ms_per_char
             # Later segments are unknown yet: plan for the longest the segmenter
@@ -303,7 +343,7 @@ class ContextPipeline:
             limit = self.segmenter_config.limit
             chunks = [first_ms, *(limit(seg.index + k) * stats.audio_ms_per_char
                                   for k in range(1, 5))]
-        hint = prebuffer_ms(rtf, chunks, self.hint_config.jitter_ms)
+        hint = prebuffer_ms(rtf, chunks, self.hint_config.jitter_ms, cost_ms=cost)
         elapsed = 0.0
         if self.ledger.first_sent_at is not None:
             elapsed = 1000.0 * (self.clock() - self.ledger.first_sent_at)

@@ -3,10 +3,14 @@
 Model. A context's audio comes in chunks k = 0..K-1 of ``d_k`` ms;
 ``D_k = d_0 + ... + d_{k-1}`` is the audio before chunk k. Chunks are made
 one after another at real-time factor r (generation time / audio time), so
-chunk k is out at ``a_k = max(ready_k, a_{k-1}) + r * d_k``, where
+chunk k is out at ``a_k = max(ready_k, a_{k-1}) + r * c_k``, where
 ``ready_k`` is when its input exists (Piper: a segment is one chunk whose
 synthesis starts once its text has arrived; streaming vocoders: growing
-chunks of one segment, all "ready" at once).
+chunks of one segment, all "ready" at once) and ``c_k`` is the audio the
+model must make for it: ``d_k`` for Piper; for a streaming vocoder, the
+frames chunk k waits for beyond chunk k-1's, which differ from ``d_k``
+because a decode emits only up to its lookahead (SNAC: the first chunk
+is 32 ms out of one 85 ms frame, the second 186 ms that waits for 4 more).
 
 PROTOCOL.md's listener buffers ``prebuffer_ms`` of *audio* before starting
 (or resuming). Starting on the arrival of chunk m, chunk k plays at
@@ -138,34 +142,49 @@ def _check_rtf(rtf: float) -> None:
         raise ValueError(f"rtf must be finite and >= 0, not {rtf}")
 
 
+def _costs(chunk_ms: Sequence[float], cost_ms: Sequence[float] | None) -> list[float]:
+    if cost_ms is None:
+        return [float(d) for d in chunk_ms]
+    if len(cost_ms) != len(chunk_ms):
+        raise ValueError("cost_ms needs one value per chunk")
+    _check_chunks(cost_ms)
+    return [float(c) for c in cost_ms]
+
+
 def planned_arrivals(rtf: float | Sequence[float], chunk_ms: Sequence[float],
-                     ready_ms: Sequence[float] | None = None) -> list[tuple[float, float]]:
+                     ready_ms: Sequence[float] | None = None, *,
+                     cost_ms: Sequence[float] | None = None) -> list[tuple[float, float]]:
     """``(arrival_ms, duration_ms)`` per chunk when chunks are made in order:
-    ``a_k = max(ready_k, a_{k-1}) + r_k * d_k``, from time 0. ``rtf``: one r
+    ``a_k = max(ready_k, a_{k-1}) + r_k * c_k``, from time 0. ``rtf``: one r
     for all chunks or one per chunk; ``ready_ms``: when each chunk's input
-    exists (default: all at 0)."""
+    exists (default: all at 0); ``cost_ms``: the audio the model must make for
+    each chunk (default its own duration; a streaming vocoder's chunk needs
+    its lookahead too, see the module docstring)."""
     _check_chunks(chunk_ms)
+    costs = _costs(chunk_ms, cost_ms)
     rates = [float(rtf)] * len(chunk_ms) if isinstance(rtf, int | float) else list(rtf)
     ready = [0.0] * len(chunk_ms) if ready_ms is None else list(ready_ms)
     if len(rates) != len(chunk_ms) or len(ready) != len(chunk_ms):
         raise ValueError("rtf and ready_ms need one value per chunk")
     out: list[tuple[float, float]] = []
     t = 0.0
-    for r, d, ready_at in zip(rates, chunk_ms, ready, strict=True):
+    for r, d, c, ready_at in zip(rates, chunk_ms, costs, ready, strict=True):
         _check_rtf(r)
-        t = max(t, ready_at) + r * d
+        t = max(t, ready_at) + r * c
         out.append((t, float(d)))
     return out
 
 
 def prebuffer_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
-                 ready_ms: Sequence[float] | None = None) -> float:
+                 ready_ms: Sequence[float] | None = None,
+                 cost_ms: Sequence[float] | None = None) -> float:
     """Audio (ms) a listener must buffer before playing so that no chunk is
     late: ``D_m + J`` for the first chunk m whose arrival is a safe start
     (see the module docstring), ``J`` when chunk 0 is. Never negative.
 
     ``ready_ms``: when each chunk's input (a Piper segment's text) exists,
     relative to the start of chunk 0's generation; default all at once.
+    ``cost_ms``: the audio the model makes for each chunk (``planned_arrivals``).
     Safe start m means: even if chunks up to m were made instantly (the
     earliest the listener could start on chunk m) and later ones at ``rtf``,
     every later chunk k is there ``jitter_ms`` before it plays.
@@ -175,6 +194,7 @@ def prebuffer_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
     if not jitter_ms >= 0:
         raise ValueError(f"jitter_ms must be >= 0, not {jitter_ms}")
     n = len(chunk_ms)
+    costs = _costs(chunk_ms, cost_ms)
     ready = [0.0] * n if ready_ms is None else [float(x) for x in ready_ms]
     if len(ready) != n:
         raise ValueError("ready_ms needs one value per chunk")
@@ -187,7 +207,7 @@ def prebuffer_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
         t = earliest  # worst case: chunks <= m instant, the rest at rtf
         safe = True
         for k in range(m + 1, n):
-            t = max(t, ready[k]) + rtf * chunk_ms[k]
+            t = max(t, ready[k]) + rtf * costs[k]
             if t + jitter_ms > earliest + before[k] + _EPS_MS:
                 safe = False
                 break

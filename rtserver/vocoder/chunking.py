@@ -237,6 +237,21 @@ class ChunkPlanner:
         return job
 
 
+def stream_plan(config: ChunkConfig, n_chunks: int) -> list[tuple[int, int]]:
+    """``(samples emitted, frames waited for)`` of a stream's first ``n_chunks``
+    decodes when frames arrive one at a time: decode k emits its samples once
+    its frames (beyond decode k-1's) are there. The pacing hints plan with it
+    (``rtserver.pacing.hints``): emission lags generation by the lookahead."""
+    planner = ChunkPlanner(config)
+    out: list[tuple[int, int]] = []
+    waited_from = 0
+    while len(out) < n_chunks:
+        for job in planner.push(1):
+            out.append((job.emit_end - job.emit_start, planner.frames - waited_from))
+            waited_from = planner.frames
+    return out[:n_chunks]
+
+
 def crossfade_windows(n: int) -> tuple[FloatArray, FloatArray]:
     """``(fade_out, fade_in)`` of length ``n``: raised cosine, summing to one.
 

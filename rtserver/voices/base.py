@@ -22,6 +22,9 @@ class VoiceInfo:
     # it yields for one segment, in order (the hint maths plans with them);
     # empty: one chunk per sentence, the whole sentence synthesized at once.
     chunk_plan_ms: tuple[float, ...] = ()
+    # The audio (ms) of model output each of those chunks waits for (a
+    # vocoder's decode emits only up to its lookahead); empty: the chunk's own.
+    chunk_cost_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,13 @@ class SynthesisRequest:
     # When the listener will need this audio, on the ``time.monotonic()`` clock;
     # voices that queue work serve the earliest deadline first. None: now.
     deadline: float | None = None
+    # Set by the pipeline for a context's first segment: a voice that can tell
+    # when its model's output for the first audio arrived records it under
+    # ``MODEL_OUTPUT_MARK`` (``time.monotonic()``); TTFA's parts are reported.
+    marks: dict[str, float] | None = None
+
+
+MODEL_OUTPUT_MARK = "model_output"
 
 
 class Voice(Protocol):

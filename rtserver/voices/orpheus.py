@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +43,10 @@ from rtserver.engine.base import (
     TokenRequest,
 )
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
+from rtserver.vocoder.chunking import stream_plan
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices import orpheus_tokens as ot
-from rtserver.voices.base import SynthesisRequest, VoiceInfo
+from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -131,6 +133,24 @@ class OrpheusRuntime:
         self._voices: dict[str, OrpheusVoice] = {}
         self.reslotted_tokens = 0  # wrong-slot audio tokens taken for the right slot
 
+    def counters(self) -> dict[str, tuple[str, float]]:
+        """The voice's and its vocoder's counters for /metrics: name -> (doc, value)."""
+        out: dict[str, tuple[str, float]] = {"orpheus_reslotted_tokens": (
+            "Audio tokens of the wrong slot taken for the right one", self.reslotted_tokens)}
+        stats = getattr(self.vocoder, "stats", None)
+        if stats is not None:
+            out |= {
+                "vocoder_calls": ("Batched decoder calls", stats.calls),
+                "vocoder_windows": ("Code windows decoded", stats.windows),
+                "vocoder_frames": ("Frames decoded, context and lookahead included",
+                                   stats.frames),
+                "vocoder_padded_frames": ("Frames computed, batch padding included",
+                                          stats.padded_frames),
+                "vocoder_decode_seconds": ("Wall time inside decoder calls",
+                                           stats.decode_seconds),
+            }
+        return out
+
     def prompt_ids(self, speaker: str, text: str) -> list[int]:
         """Upstream prompt: tokenizer(f"{speaker}: {text}") with BOS, wrapped."""
         enc = self.tokenizer.encode(ot.voice_prefix(speaker) + text, add_special_tokens=True)
@@ -174,11 +194,13 @@ class OrpheusVoice:
             if runtime.config.dummy_weights else ""
         chunking = getattr(runtime.vocoder, "chunking", None)
         frame_ms = 1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE
-        plan = tuple(chunking.chunk_frames(k) * frame_ms for k in range(8)) if chunking else ()
+        steps = stream_plan(chunking, 8) if chunking else []
         self._info = VoiceInfo(name=f"{FAMILY}:{speaker}", family=FAMILY,
                                sample_rate=ot.SAMPLE_RATE, language="en",
                                description=f"Orpheus TTS speaker {speaker}{dummy}",
-                               chunk_plan_ms=plan)
+                               chunk_plan_ms=tuple(1000.0 * n / ot.SAMPLE_RATE
+                                                   for n, _ in steps),
+                               chunk_cost_ms=tuple(f * frame_ms for _, f in steps))
         self._closed = False
 
     @property
@@ -239,6 +261,8 @@ class OrpheusVoice:
                     except ot.MalformedStream as exc:
                         raise EngineFailed(f"request {request.request_id}: {exc}") from exc
                     if len(complete):
+                        if request.marks is not None and MODEL_OUTPUT_MARK not in request.marks:
+                            request.marks[MODEL_OUTPUT_MARK] = time.monotonic()
                         for chunk in await stream.push(complete):
                             yield chunk
             if frames.finish() or frames.dropped_tokens:

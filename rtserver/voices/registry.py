@@ -107,8 +107,5 @@ async def _load_orpheus(config: Config, spec: str
     voice = await load_orpheus_voice_from_config(config, spec)
     runtime = voice.runtime
     collector = EngineCollector(runtime.engine.stats, engine="vllm",
-                                extra_counters=lambda: {
-                                    "orpheus_reslotted_tokens": (
-                                        "Audio tokens of the wrong slot taken for the right one",
-                                        runtime.reslotted_tokens)})
+                                extra_counters=runtime.counters)
     return voice, list(runtime.all_voices()), runtime, collector

@@ -16,6 +16,7 @@ from rtserver.pacing.hints import (
     simulate_playback,
     start_delay_ms,
 )
+from rtserver.vocoder.chunking import ChunkConfig, stream_plan
 
 # --- closed-form examples, worked by hand ------------------------------------------------
 
@@ -123,8 +124,8 @@ def timelines(draw: st.DrawFn, gated: bool) -> tuple[float, list[float], float, 
 
 def _actual_arrivals(r: float, chunks: list[float], jitter: float, ready: list[float] | None,
                      slow: list[float], delays: list[float],
-                     offset: float) -> list[tuple[float, float]]:
-    made = planned_arrivals([r * s for s in slow], chunks, ready)
+                     offset: float, cost: list[float] | None = None) -> list[tuple[float, float]]:
+    made = planned_arrivals([r * s for s in slow], chunks, ready, cost_ms=cost)
     out: list[tuple[float, float]] = []
     last = 0.0
     for (at, d), delay in zip(made, delays, strict=True):
@@ -225,3 +226,31 @@ def test_rtf_tracker_forgets_observations_older_than_max_age() -> None:
     assert tracker.percentile(0.95) == 4.7  # without a clock: the whole ring
     assert tracker.percentile(0.95, now=106.0) == 0.2
     assert tracker.percentile(0.95, now=1000.0) == 0.2  # all stale: the newest counts
+
+
+@settings(max_examples=300, deadline=None)
+@given(timelines(gated=False), st.data())
+def test_no_underrun_when_chunks_wait_for_more_audio_than_they_hold(
+        case: tuple[float, list[float], float, None, list[float], list[float], float],
+        data: st.DataObject) -> None:
+    # a streaming vocoder: chunk k waits for cost_k ms of model output
+    r, chunks, jitter, ready, slow, delays, offset = case
+    cost = data.draw(st.lists(st.floats(0.0, 3000.0), min_size=len(chunks),
+                              max_size=len(chunks)))
+    hint = prebuffer_ms(r, chunks, jitter, cost_ms=cost)
+    actual = _actual_arrivals(r, chunks, jitter, ready, slow, delays, offset, cost)
+    assert simulate_playback(actual, hint).underruns == 0
+
+
+def test_snac_plan_needs_the_lookahead_in_the_hint() -> None:
+    # SNAC's schedule: 32 ms after 1 frame, then 186 ms that waits for 4 more
+    # frames (the lookahead), then chunks as long as what they wait for.
+    plan = stream_plan(ChunkConfig(), 8)
+    chunks = [1000.0 * n / 24000 for n, _ in plan]
+    cost = [f * 2048 / 24.0 for _, f in plan]
+    assert [f for _, f in plan][:3] == [1, 4, 4] and round(chunks[0]) == 32
+    arrivals = planned_arrivals(0.6, chunks, cost_ms=cost)
+    naive = prebuffer_ms(0.6, chunks, 40)  # as if each chunk cost its own audio
+    assert simulate_playback(arrivals, naive).underruns > 0
+    assert simulate_playback(arrivals, prebuffer_ms(0.6, chunks, 40, cost_ms=cost)
+                             ).underruns == 0

@@ -85,6 +85,12 @@ async def test_first_32_ms_of_a_24khz_voice_go_out_before_its_next_chunk(request
         pcm = np.frombuffer(decoder.decode(item.frames[0], requested // 50), dtype=np.int16)
         assert len(pcm) == requested // 50  # the client decodes at the rate it asked for
         voice.gate.set()
+    # TTFA's parts went to /metrics (no socket here: no "send" part)
+    body = pipe.metrics.render().decode()
+    for stage in ("segmenter", "queue", "vocoder", "encode"):
+        assert (f'rtserver_first_audio_stage_ms_count{{stage="{stage}",voice="gated"}} 1.0'
+                in body), stage
+    assert 'stage="send"' not in body and 'stage="model"' not in body
 
 
 def test_rates_opus_cannot_take_are_resampled_to_the_requested_rate() -> None:
