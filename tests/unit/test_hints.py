@@ -249,8 +249,12 @@ def test_snac_plan_needs_the_lookahead_in_the_hint() -> None:
     chunks = [1000.0 * n / 24000 for n, _ in plan]
     cost = [f * 2048 / 24.0 for _, f in plan]
     assert [f for _, f in plan][:3] == [1, 4, 4] and round(chunks[0]) == 32
-    arrivals = planned_arrivals(0.6, chunks, cost_ms=cost)
-    naive = prebuffer_ms(0.6, chunks, 40)  # as if each chunk cost its own audio
-    assert simulate_playback(arrivals, naive).underruns > 0
-    assert simulate_playback(arrivals, prebuffer_ms(0.6, chunks, 40, cost_ms=cost)
-                             ).underruns == 0
+    # A fast engine (r = 0.1) and a 10 ms network allowance: planned as if each
+    # chunk cost only its own audio, the listener starts on the 32 ms chunk and
+    # runs dry before the next one, which waited for 341 ms of frames.
+    arrivals = planned_arrivals(0.1, chunks, cost_ms=cost)
+    naive = prebuffer_ms(0.1, chunks, 10)
+    assert simulate_playback(arrivals, naive).underruns == 1
+    hint = prebuffer_ms(0.1, chunks, 10, cost_ms=cost)
+    assert hint > chunks[0]  # wait for the second chunk
+    assert simulate_playback(arrivals, hint).underruns == 0
