@@ -148,6 +148,18 @@ class Normalizer:
         return len(self._raw)
 
     @property
+    def holds_bang(self) -> bool:
+        """The only undecided character is a ``!`` waiting to see if ``[`` (a
+        markdown image) follows."""
+        return self._raw == "!" and self._mode == _NORMAL
+
+    def settle_bang(self) -> None:
+        """Decide a held lone ``!`` as text now (see ``holds_bang``): the
+        segmenter's eager first cut does not wait for the next fragment."""
+        if self.holds_bang:
+            self._run(final=True)
+
+    @property
     def consumed(self) -> int:
         """Raw characters decided so far (offset of the first held one)."""
         return self._off

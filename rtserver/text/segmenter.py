@@ -135,6 +135,16 @@ class SegmenterConfig:
 
 # --- character classes ------------------------------------------------------------
 
+# Spaces before punctuation that ends a word ("launch !" after its emoji was
+# dropped): not spoken, and some voices read a lone "!" oddly.
+_SPACE_BEFORE_PUNCT = re.compile(r" +(?=[!?,;:.…]+[\"'”’)\]]*(?: |$))")
+
+
+def tidy_spaces(text: str) -> str:
+    """``text`` without spaces before word-ending punctuation ("launch !" -> "launch!")."""
+    return _SPACE_BEFORE_PUNCT.sub("", text) if " " in text else text
+
+
 _CLOSERS = frozenset("\"')]}»”’」』】）〕〉》〗〙〛")
 _OPENERS = frozenset("\"'([{«“‘「『【（〔〈《")
 _CJK_SENT = frozenset("。！？｡")
@@ -274,6 +284,12 @@ class Segmenter:
         if self._ended or self._index:
             return out
         if self._punct_at is not None and now >= self._punct_at:
+            if self._punct_cut < 0:  # a lone "!" held by the normalizer: text now
+                self._punct_at = None
+                self._norm.settle_bang()
+                self._scan(now, out)  # re-arms the eager cut if the "!" ends a clause
+                if self._punct_cut <= 0:
+                    return out
             self._emit(self._punct_cut, out)
             self._scan(now, out)
         elif self._timer_at is not None and now >= self._timer_at:
@@ -395,15 +411,31 @@ class Segmenter:
         wait = self._cfg.first_punct_wait_s
         chars = self._buf.chars
         n = len(chars)
-        if self._index or wait <= 0 or n < 2 or self._norm.pending or self._word_start < 0:
+        if self._index or wait <= 0 or n < 2:
+            return
+        if self._norm.holds_bang:
+            # "question!" with the "!" held (it could open "![image]"): decide it
+            # at the eager deadline rather than on the next fragment
+            if self._valid(n) and (chars[-1].isalpha() or (chars[-1] == " "
+                                                           and chars[-2].isalpha())):
+                self._punct_cut = -1
+                self._punct_at = now + wait
+            return
+        if self._norm.pending or self._word_start < 0:
             return
         j = n
         while j > self._word_start and chars[j - 1] in _CLOSERS:
             j -= 1
-        if j - 1 <= self._word_start or chars[j - 1] not in ",;!?." or not chars[j - 2].isalpha():
+        p = j - 1  # the punctuation
+        if p < self._word_start or chars[p] not in ",;!?.":
             return
-        if chars[j - 1] == "." and (j - 1 - self._word_start < 2
-                                    or not chars[j - 3].isalpha()):
+        if p == self._word_start:
+            # punctuation alone after a space: "launch !" once "launch 🎉!" lost its emoji
+            if chars[p] == "." or p < 2 or chars[p - 1] != " " or not chars[p - 2].isalpha():
+                return
+        elif not chars[p - 1].isalpha():
+            return
+        elif chars[p] == "." and (p - self._word_start < 2 or not chars[p - 2].isalpha()):
             return  # "e." may be "e.g.", "x." an initial: wait for what follows
         if self._classify(self._word_start, n) not in (_SENT, _CLAUSE) or not self._valid(n):
             return
@@ -506,6 +538,7 @@ class Segmenter:
             text = "".join(chars[a:b + 1])
             if "\n" in text:
                 text = " ".join(text.split())
+            text = tidy_spaces(text)
             out.append(Segment(self._index, text, (buf.starts[a], buf.ends[b])))
             self._index += 1
             self._limit = self._cfg.limit(self._index)

@@ -27,9 +27,8 @@ def test_punctuation_at_the_end_fires_after_the_short_wait(parts: list[str]) -> 
     assert first.index == 0
 
 
-# A trailing "!" is held by the normalizer too: it may open a markdown image "![".
 @pytest.mark.parametrize("text", ["It costs 1,", "See https:", "Dr.", "Call Mr.", "e.g.",
-                                  "U.S.", "Wait...", "Wait!"])
+                                  "U.S.", "Wait..."])
 def test_ambiguous_endings_are_not_cut_eagerly(text: str) -> None:
     seg = Segmenter()
     assert seg.feed(text, 0.0) == []
@@ -56,3 +55,26 @@ def test_off_when_wait_is_zero() -> None:
     seg = Segmenter(SegmenterConfig(first_punct_wait_s=0.0))
     seg.feed("Sure thing,", 0.0)
     assert seg.deadline() == pytest.approx(0.25)
+
+
+def test_a_trailing_bang_is_cut_eagerly_unless_an_image_follows_in_time() -> None:
+    # the normalizer holds a trailing "!" (it may open a markdown image "![");
+    # the eager deadline decides it as text
+    seg = Segmenter()
+    assert feed_all(seg, ["Good", " question", "!"]) == []
+    assert seg.deadline() == pytest.approx(0.005)
+    [first] = seg.poll(0.005)
+    assert first.text == "Good question!"
+    # "![" within the wait: an image, whose alt text is spoken
+    seg = Segmenter()
+    assert feed_all(seg, ["Look", "!"]) == []
+    seg.feed("[a cat](cat.png) here.", 0.001)
+    [text] = [s.text for s in seg.end(0.002)]
+    assert "!" not in text and text.endswith("a cat here.")
+
+
+def test_an_emoji_before_the_bang_leaves_no_space() -> None:
+    seg = Segmenter()
+    assert feed_all(seg, ["Great", " launch", " \U0001F389!"]) == []
+    [first] = seg.poll(0.005)
+    assert first.text == "Great launch!"
