@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--token-guard", choices=["mask", "allowed", "none"], default="mask")
+    p.add_argument("--token-guard", choices=["auto", "mask", "allowed", "none"], default="auto")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
