@@ -145,31 +145,36 @@ def tokenizer_json() -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
-def _weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor of an Orpheus (Llama, tied embeddings)
+    checkpoint; 1-D ones are the RMSNorm weights."""
     h, inter = config["hidden_size"], config["intermediate_size"]
     hd = config["head_dim"]
     q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-
-    def rand(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
-
-    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], h),
-               "model.norm.weight": np.ones(h, dtype=np.float16)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], h),
+                                          "model.norm.weight": (h,)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": rand(q, h),
-            p + "self_attn.k_proj.weight": rand(kv, h),
-            p + "self_attn.v_proj.weight": rand(kv, h),
-            p + "self_attn.o_proj.weight": rand(h, q),
-            p + "mlp.gate_proj.weight": rand(inter, h),
-            p + "mlp.up_proj.weight": rand(inter, h),
-            p + "mlp.down_proj.weight": rand(h, inter),
-            p + "input_layernorm.weight": np.ones(h, dtype=np.float16),
-            p + "post_attention_layernorm.weight": np.ones(h, dtype=np.float16),
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
         }
-    return tensors
+    return shapes
+
+
+def _weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Random float16 weights (std 0.02), norms at one."""
+    rng = np.random.default_rng(seed)
+    return {name: (np.ones(shape, dtype=np.float16) if len(shape) == 1 else
+                   (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
+            for name, shape in tensor_shapes(config).items()}
 
 
 def write_tiny_orpheus(directory: str | Path, *, shape: Shape = "tiny",
@@ -239,33 +244,16 @@ def write_random_orpheus(directory: str | Path, *, shape: Shape = "3b", seed: in
     config = llama_config(shape)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator(device=dev).manual_seed(seed)
-    h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
-    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-
-    def rand(*dims: int) -> torch.Tensor:
-        x = torch.randn(dims, generator=gen, device=dev, dtype=torch.float32) * 0.02
-        return x.to(torch.bfloat16).cpu()
-
-    def ones(n: int) -> torch.Tensor:
-        return torch.ones(n, dtype=torch.bfloat16)
-
-    embed = rand(config["vocab_size"], h)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, dims in tensor_shapes(config).items():
+        if len(dims) == 1:
+            tensors[name] = torch.ones(dims, dtype=torch.bfloat16)
+        else:
+            x = torch.randn(dims, generator=gen, device=dev, dtype=torch.float32) * 0.02
+            tensors[name] = x.to(torch.bfloat16).cpu()
+    h = config["hidden_size"]
     gain = AUDIO_LOGIT_STD / (math.sqrt(h) * 0.02)
-    embed[AUDIO_TOKENS_START:AUDIO_TOKENS_END] *= gain
-    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": ones(h)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": rand(q, h),
-            p + "self_attn.k_proj.weight": rand(kv, h),
-            p + "self_attn.v_proj.weight": rand(kv, h),
-            p + "self_attn.o_proj.weight": rand(h, q),
-            p + "mlp.gate_proj.weight": rand(inter, h),
-            p + "mlp.up_proj.weight": rand(inter, h),
-            p + "mlp.down_proj.weight": rand(h, inter),
-            p + "input_layernorm.weight": ones(h),
-            p + "post_attention_layernorm.weight": ones(h),
-        }
+    tensors["model.embed_tokens.weight"][AUDIO_TOKENS_START:AUDIO_TOKENS_END] *= gain
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
