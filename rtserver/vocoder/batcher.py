@@ -6,8 +6,13 @@ by length (padding within a group is exact, see ``snac_model``), and runs the
 group decodes on one dedicated thread, so the event loop never waits on a
 decode (torch releases the GIL while it computes). Windows marked ``urgent``
 (a stream's first chunk: it sets TTFA) are taken first, decoded in their own
-call ahead of the rest, and answered as soon as that call returns. A first
-chunk arriving during a call waits for it: ``max_batch_frames`` bounds that.
+call ahead of the rest, and answered as soon as that call returns.
+
+With a *first lane* (``enable_first_lane``: a decoder that may run beside the
+main one, on CUDA the SNAC decoder's second set of graphs on its own stream),
+urgent windows that fit it are decoded there by a second worker and thread, so
+a first chunk never waits for a long call in flight; without one, a first
+chunk arriving during a call waits for it (``max_batch_frames`` bounds that).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -32,6 +37,12 @@ class WindowDecoder(Protocol):
     """Decodes code windows to audio, one array per window, in order."""
 
     def decode(self, windows: Sequence[CodeWindow]) -> list[FloatArray]: ...
+
+
+class LaneDecoder(WindowDecoder, Protocol):
+    """A decoder for a second thread, for the shapes it ``fits`` only."""
+
+    def fits(self, windows: int, frames: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,7 @@ class BatcherStats:
 
     ticks: int = 0  # times the worker took work from the queue
     calls: int = 0  # decoder calls
+    first_lane_calls: int = 0  # of which on the first lane
     windows: int = 0
     frames: int = 0
     padded_frames: int = 0  # frames computed, padding included
@@ -113,6 +125,12 @@ class DecodeBatcher:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        # the first lane: decoder, its urgent queue, wake-up, worker, thread
+        self._lane: LaneDecoder | None = None
+        self._lane_queue: deque[_Item] = deque()
+        self._lane_wake = asyncio.Event()
+        self._lane_worker: asyncio.Task[None] | None = None
+        self._lane_executor: ThreadPoolExecutor | None = None
         self._closing = False
         self.stats = BatcherStats()
 
@@ -133,21 +151,40 @@ class DecodeBatcher:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder-decode")
         self._worker = asyncio.get_running_loop().create_task(self._run(), name="vocoder-batcher")
 
+    def enable_first_lane(self, lane: LaneDecoder) -> None:
+        """From now on, urgent windows that ``lane`` fits decode on it, on a
+        second thread, beside the main calls. Once, after ``start``."""
+        if self._worker is None or self._closing or self._lane is not None:
+            raise RuntimeError("enable_first_lane: once, on a running batcher")
+        self._lane = lane
+        self._lane_executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder-first")
+        self._lane_worker = asyncio.get_running_loop().create_task(
+            self._run(self._lane_loop), name="vocoder-first-lane")
+
+    @property
+    def first_lane(self) -> bool:
+        return self._lane is not None
+
     async def close(self) -> None:
-        """Decode what is queued, then stop the worker and its thread."""
+        """Decode what is queued, then stop the workers and their threads."""
         if self._worker is None or self._closing:
             return
         self._closing = True
         self._wake.set()
+        self._lane_wake.set()
         try:
             await self._worker
+            if self._lane_worker is not None:
+                await self._lane_worker
         finally:
             self._fail_queued(RuntimeError("vocoder closed"))
             assert self._executor is not None
             self._executor.shutdown(wait=True)
+            if self._lane_executor is not None:
+                self._lane_executor.shutdown(wait=True)
 
     def _fail_queued(self, exc: BaseException) -> None:
-        for q in (self._urgent, self._normal):
+        for q in (self._urgent, self._normal, self._lane_queue):
             while q:
                 item = q.popleft()
                 if not item.future.done():
@@ -162,8 +199,14 @@ class DecodeBatcher:
             return []
         loop = asyncio.get_running_loop()
         items = [_Item(w, loop.create_future(), urgent) for w in windows]
-        (self._urgent if urgent else self._normal).extend(items)
-        self._wake.set()
+        lane = self._lane
+        if urgent and lane is not None and lane.fits(
+                1, max(int(w.codes.shape[0]) for w in windows)):
+            self._lane_queue.extend(items)
+            self._lane_wake.set()
+        else:
+            (self._urgent if urgent else self._normal).extend(items)
+            self._wake.set()
         return list(await asyncio.gather(*(i.future for i in items)))
 
     def _take(self) -> list[_Item]:
@@ -182,9 +225,9 @@ class DecodeBatcher:
                 frames += n
         return batch
 
-    async def _run(self) -> None:
+    async def _run(self, body: Callable[[], Awaitable[None]] | None = None) -> None:
         try:
-            await self._loop()
+            await (body or self._loop)()
         except BaseException as exc:  # a bug here must not leave pushes waiting forever
             self._closing = True
             self._fail_queued(RuntimeError(f"vocoder batcher stopped: {exc!r}"))
@@ -208,35 +251,69 @@ class DecodeBatcher:
             if self._closing:
                 return
 
-    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
+    async def _lane_loop(self) -> None:
+        """The first lane's worker: every queued urgent window, in calls the lane fits."""
+        loop = asyncio.get_running_loop()
+        lane, q = self._lane, self._lane_queue
+        assert lane is not None
+        while True:
+            await self._lane_wake.wait()
+            self._lane_wake.clear()
+            await asyncio.sleep(0)  # let the rest of this tick's first chunks queue up
+            while q:
+                part: list[_Item] = []
+                longest = 0
+                while q and (not part or lane.fits(len(part) + 1, max(
+                        longest, int(q[0].window.codes.shape[0])))):
+                    item = q.popleft()
+                    if not item.future.done():
+                        part.append(item)
+                        longest = max(longest, int(item.window.codes.shape[0]))
+                self.stats.ticks += 1
+                await self._call(loop, part, lane=True)
+            if self._closing:
+                return
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[_Item], *,
+                    lane: bool = False) -> None:
         items = [i for i in items if not i.future.done()]  # drop cancelled streams'
         if not items:
             return
+        windows = [i.window for i in items]
         try:
-            results = await loop.run_in_executor(self._executor, self._decode,
-                                                 [i.window for i in items])
+            results, seconds = await loop.run_in_executor(
+                self._lane_executor if lane else self._executor, self._decode, windows, lane)
         except Exception as exc:
             self.stats.failures += 1
             for item in items:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
+        self._count(windows, seconds, lane)
         for item, audio in zip(items, results, strict=True):
             if not item.future.done():
                 item.future.set_result(audio)
 
-    def _decode(self, windows: list[CodeWindow]) -> list[FloatArray]:
-        """One decoder call; runs on the decode thread."""
-        lengths = [int(w.codes.shape[0]) for w in windows]
+    def _decode(self, windows: list[CodeWindow], lane: bool = False
+                ) -> tuple[list[FloatArray], float]:
+        """One decoder call and its wall time; runs on the decode thread (or
+        the first lane's). Counters are updated by the caller, on the loop."""
         t0 = self._clock()
-        audio = self._decoder.decode(windows)
-        st = self.stats
-        st.decode_seconds += self._clock() - t0
+        decoder = self._lane if lane else self._decoder
+        assert decoder is not None
+        audio = decoder.decode(windows)
+        seconds = self._clock() - t0
         if len(audio) != len(windows):
             raise RuntimeError("decoder returned a different number of arrays than windows")
+        return audio, seconds
+
+    def _count(self, windows: list[CodeWindow], seconds: float, lane: bool) -> None:
+        lengths = [int(w.codes.shape[0]) for w in windows]
+        st = self.stats
+        st.decode_seconds += seconds
         st.calls += 1
+        st.first_lane_calls += lane
         st.call_sizes[len(windows)] = st.call_sizes.get(len(windows), 0) + 1
         st.windows += len(windows)
         st.frames += sum(lengths)
         st.padded_frames += max(lengths) * len(windows)
-        return audio

@@ -29,6 +29,9 @@ class VocoderConfig:
     noise: str = "positional"  # "positional" | "off" (see snac_model)
     noise_seed: int = 0
     cuda_graphs: bool = True  # CUDA only: capture graphs for common shapes
+    # CUDA graphs only: first chunks decode on a second set of graphs, stream and
+    # thread, beside the main calls, so a first chunk never waits for one in flight.
+    first_lane: bool = True
     graph_max_frames: int = 24  # longest window (frames) a graph is captured for
     graph_max_cells: int = 512  # largest batch x frames a graph is captured for (50 graphs)
     dummy_seed: int = 0  # --dummy-weights: seed of the random weights

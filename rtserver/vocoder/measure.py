@@ -5,6 +5,7 @@
     python -m rtserver.vocoder.measure seams   [--shape 24khz|tiny] [--frames 60]
     python -m rtserver.vocoder.measure timing  [--batch 1 8] [--frames 4] [--device cpu]
                                                [--graphs] [--threads N]
+    python -m rtserver.vocoder.measure lanes   --device cuda [--batch 64] [--frames 8]
 
 Every model here has random weights (``--shape 24khz`` is the real config
 shape): the speed is the real speed, the sound is noise.
@@ -190,6 +191,55 @@ def time_decode(decoder: SnacDecoder, batch: int, frames: int, *, repeats: int =
     return DecodeTiming(min(wall), float(np.median(wall)), float(np.median(cpu)))
 
 
+def measure_lanes(decoder: SnacDecoder, busy_batch: int, busy_frames: int, *,
+                  repeats: int = 30) -> dict[str, float]:
+    """CUDA: the first lane against the main one. ``lane_vs_main_max_abs``: the
+    same 1-frame window through both (0: identical graphs); then ms of a 1-frame
+    first chunk: idle, on the first lane while another thread keeps the main
+    lane busy with ``busy_batch`` x ``busy_frames`` calls, and behind such a
+    call on the main lane (what a first chunk waited without the lane)."""
+    import threading
+
+    decoder.warm_up(busy_batch * busy_frames, first_lane_frames=1)
+    lane = decoder.first_lane()
+    if lane is None:
+        raise SystemExit("no first lane: needs --device cuda and --graphs")
+    first = [CodeWindow(random_codes(1, 7), 0)]
+    big = [CodeWindow(random_codes(busy_frames, i), 50 + i) for i in range(busy_batch)]
+    out: dict[str, float] = {"lane_vs_main_max_abs": float(np.max(np.abs(
+        lane.decode(first)[0] - decoder.decode(first)[0])))}
+
+    def timed(fn: object) -> list[float]:
+        ms = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            ms.append(1e3 * (time.perf_counter() - t0))
+        return ms
+
+    out["idle_main_ms"] = float(np.median(timed(lambda: decoder.decode(first))))
+    out["idle_lane_ms"] = float(np.median(timed(lambda: lane.decode(first))))
+    out["busy_call_ms"] = float(np.median(timed(lambda: decoder.decode(big))))
+    out["behind_busy_call_ms"] = float(np.median(timed(
+        lambda: (decoder.decode(big), decoder.decode(first)))))
+    stop = threading.Event()
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            decoder.decode(big)
+
+    worker = threading.Thread(target=keep_busy)
+    worker.start()
+    try:
+        beside = timed(lambda: lane.decode(first))
+    finally:
+        stop.set()
+        worker.join()
+    out["lane_beside_busy_p50_ms"] = float(np.median(beside))
+    out["lane_beside_busy_p90_ms"] = float(np.percentile(beside, 90))
+    return out
+
+
 SCHEDULES: dict[str, ChunkConfig] = {
     "default": ChunkConfig(),
     "exact": ChunkConfig(first_frames=3, first_lookahead_samples=4757, lookahead_samples=4757,
@@ -203,7 +253,7 @@ SCHEDULES: dict[str, ChunkConfig] = {
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="chunked SNAC vocoder measurements")
-    p.add_argument("what", choices=["rf", "edges", "seams", "timing"])
+    p.add_argument("what", choices=["rf", "edges", "seams", "timing", "lanes"])
     p.add_argument("--shape", choices=["24khz", "tiny"], default="24khz")
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -223,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     elif a.what == "edges":
         for d, e in measure_edges(dec).items():
             print(f"{d:5d} samples from a cut: {e:7.1f} dB re RMS")
+    elif a.what == "lanes":
+        for k, v in measure_lanes(dec, a.batch[0], a.frames or 8).items():
+            print(f"{k}: {v:.4g}")
     elif a.what == "seams":
         codes = random_codes(a.frames or 60, seed=1)
         for name, cfg in SCHEDULES.items():

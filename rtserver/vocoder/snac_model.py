@@ -192,18 +192,61 @@ class PositionalNoise(nn.Module):
 
 
 class _Graph:
-    __slots__ = ("codes", "graph", "lengths", "offsets", "out")
+    """One captured shape. Its inputs are views of one device buffer
+    (``packed``: codes, then lengths, then offsets), so a replay needs one
+    host-to-device copy: on a GPU shared with vLLM's process, every
+    synchronous copy waits for a time slice of its own."""
 
-    def __init__(self, codes: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor) -> None:
-        self.codes, self.lengths, self.offsets = codes, lengths, offsets
+    __slots__ = ("codes", "graph", "lengths", "offsets", "out", "packed")
+
+    def __init__(self, b: int, n: int, device: torch.device) -> None:
+        cells = b * n * FRAME_CODES
+        self.packed = torch.zeros(cells + 2 * b, dtype=torch.int64, device=device)
+        self.codes = self.packed[:cells].view(b, n, FRAME_CODES)
+        self.lengths = self.packed[cells:cells + b]
+        self.offsets = self.packed[cells + b:]
         self.graph: Any = None
         self.out: torch.Tensor | None = None
+
+
+class _Staging:
+    """Pinned host buffers for graph inputs and outputs, grown on demand and
+    reused by every call (one decode thread: calls never overlap)."""
+
+    def __init__(self) -> None:
+        self._in: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None
+
+    def inputs(self, size: int) -> torch.Tensor:
+        if self._in is None or self._in.numel() < size:
+            self._in = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        return self._in[:size]
+
+    def outputs(self, rows: int, cols: int) -> torch.Tensor:
+        if self._out is None or self._out.numel() < rows * cols:
+            self._out = torch.empty(rows * cols, dtype=torch.float32, pin_memory=True)
+        return self._out[:rows * cols].view(rows, cols)
+
+
+class _Lane:
+    """A set of captured graphs with its own memory pool, pinned buffers and
+    CUDA stream: graphs of two lanes may replay at the same time (two threads),
+    graphs of one lane share their pool and must not."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.pool: Any = None
+        self.staging = _Staging()
+        self.stream = stream  # None: the thread's current stream
 
 
 class SnacDecoder:
     """Batched decoder of code windows -> float32 audio, one array per window.
 
-    Not thread-safe: call ``decode`` from one thread (the batcher's).
+    Not thread-safe: call ``decode`` from one thread (the batcher's). The one
+    exception, on CUDA with graphs: after ``warm_up``, ``first_lane()`` returns a
+    decoder for short windows (first chunks) that replays its own graphs on its
+    own stream and may run on a second thread while ``decode`` runs.
     """
 
     def __init__(self, model: Any, *, device: str = "cpu", noise: NoiseMode = "positional",
@@ -231,13 +274,13 @@ class SnacDecoder:
         self.quantizer.to(self.device).eval()
         self.decoder.to(self.device).eval()
         self.support = decoder_support(self.decoder, self.hop)
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._main = _Lane()
+        self._first: _Lane | None = None  # created by warm_up (CUDA graphs only)
         self._use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_max_batch = graph_max_batch
         self._graph_step = graph_frame_step
         self._graph_max_frames = graph_max_frames
         self._graph_max_cells = graph_max_cells
-        self._pool: Any = None
 
     # --- construction helpers -------------------------------------------------
 
@@ -280,16 +323,20 @@ class SnacDecoder:
             codes[i, :sizes[i]] = w.codes
         starts = [w.start_frame for w in windows]
         with torch.inference_mode():
-            graph = self._graph_for(b, n_max) if self._use_graphs else None
+            graph = self._graph_for(self._main, b, n_max) if self._use_graphs else None
             if graph is not None:
-                out = self._replay(graph, codes, sizes, starts)
+                audio = self._replay(self._main, graph, codes, sizes, starts)
             else:
+                # one host-to-device copy: codes, lengths, offsets packed
                 lpf = self.latent_per_frame
-                lengths = (None if min(sizes) == n_max
-                           else torch.tensor(sizes, device=self.device) * lpf)
-                offsets = torch.tensor(starts, device=self.device) * lpf
-                out = self._forward(torch.from_numpy(codes).to(self.device), lengths, offsets)
-            audio = out.float().cpu().numpy()
+                cells = codes.size
+                packed = np.concatenate([codes.ravel(), np.asarray(sizes) * lpf,
+                                         np.asarray(starts) * lpf]).astype(np.int64)
+                dev = torch.from_numpy(packed).to(self.device)
+                lengths = None if min(sizes) == n_max else dev[cells:cells + b]
+                out = self._forward(dev[:cells].view(b, n_max, FRAME_CODES), lengths,
+                                    dev[cells + b:])
+                audio = out.float().cpu().numpy()
         f = self.samples_per_frame
         return [np.ascontiguousarray(audio[i, :sizes[i] * f]) for i in range(b)]
 
@@ -329,11 +376,12 @@ class SnacDecoder:
         steps = range(self._graph_step, self._graph_max_frames + 1, self._graph_step)
         return sorted({1, 2, *steps, self._graph_max_frames})
 
-    def warm_up(self, max_frames: int = 1024) -> int:
+    def warm_up(self, max_frames: int = 1024, first_lane_frames: int = 0) -> int:
         """On CUDA: one eager decode of ``max_frames`` frames in all (the most one
         call takes, so the caching allocator holds that memory before traffic
         needs it) and, with graphs, every bucket captured now (else each on first
-        use). Returns the graphs held."""
+        use); with ``first_lane_frames`` > 0 also the first lane's graphs (every
+        batch bucket x frame buckets up to that many frames). Returns the graphs held."""
         if self.device.type != "cuda":
             return 0
         n = self._graph_max_frames
@@ -344,53 +392,112 @@ class SnacDecoder:
             torch.cuda.synchronize(self.device)
             if self._use_graphs:
                 for b, n in self.graph_buckets():
-                    self._graph_for(b, n)
-        return len(self._graphs)
+                    self._graph_for(self._main, b, n)
+                if first_lane_frames > 0 and self._first is None:
+                    # high priority: its kernels go ahead of the main lane's
+                    lane = _Lane(torch.cuda.Stream(device=self.device, priority=-1))
+                    for b, n in self.graph_buckets():
+                        if n <= first_lane_frames:
+                            self._graph_for(lane, b, n)
+                    torch.cuda.synchronize(self.device)
+                    self._first = lane
+        return len(self._main.graphs) + (len(self._first.graphs) if self._first else 0)
 
-    def _graph_for(self, b: int, n: int) -> _Graph | None:
+    def first_lane(self) -> FirstLaneDecoder | None:
+        """The second lane's decoder (see the class docstring), once ``warm_up``
+        captured its graphs; None on the CPU or without graphs."""
+        return FirstLaneDecoder(self, self._first) if self._first is not None else None
+
+    def _lane_decode(self, lane: _Lane, windows: Sequence[CodeWindow]) -> list[FloatArray]:
+        """Decode on ``lane`` with captured graphs only (no capture, no eager
+        forward: both touch state the main lane uses)."""
+        sizes = [int(w.codes.shape[0]) for w in windows]
+        b, n_max = len(windows), max(sizes)
+        graph = self._lookup(lane, b, n_max)
+        if graph is None:
+            raise ValueError(f"no first-lane graph for {b} windows of {n_max} frames")
+        codes = np.zeros((b, n_max, FRAME_CODES), dtype=np.int64)
+        for i, w in enumerate(windows):
+            codes[i, :sizes[i]] = w.codes
+        with torch.inference_mode(), torch.cuda.stream(lane.stream):
+            audio = self._replay(lane, graph, codes, sizes, [w.start_frame for w in windows])
+        f = self.samples_per_frame
+        return [audio[i, :sizes[i] * f] for i in range(b)]
+
+    def _bucket(self, b: int, n: int) -> tuple[int, int] | None:
         if b > self._graph_max_batch or n > self._graph_max_frames:
             return None
         bb = 1 << max(0, math.ceil(math.log2(b)))
         nb = next(f for f in self._frame_buckets() if f >= n)
-        if bb * nb > self._graph_max_cells:
+        return None if bb * nb > self._graph_max_cells else (bb, nb)
+
+    def _lookup(self, lane: _Lane, b: int, n: int) -> _Graph | None:
+        key = self._bucket(b, n)
+        return lane.graphs.get(key) if key is not None else None
+
+    def _graph_for(self, lane: _Lane, b: int, n: int) -> _Graph | None:
+        key = self._bucket(b, n)
+        if key is None:
             return None
-        key = (bb, nb)
-        g = self._graphs.get(key)
+        g = lane.graphs.get(key)
         if g is None:
-            g = self._graphs[key] = self._capture(bb, nb)
+            g = lane.graphs[key] = self._capture(lane, *key)
         return g
 
-    def _capture(self, b: int, n: int) -> _Graph:
+    def _capture(self, lane: _Lane, b: int, n: int) -> _Graph:
         dev = self.device
-        g = _Graph(torch.zeros((b, n, FRAME_CODES), dtype=torch.int64, device=dev),
-                   torch.full((b,), n * self.latent_per_frame, dtype=torch.int64, device=dev),
-                   torch.zeros((b,), dtype=torch.int64, device=dev))
+        g = _Graph(b, n, dev)
+        g.lengths.fill_(n * self.latent_per_frame)
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._forward(g.codes, g.lengths, g.offsets)
         torch.cuda.current_stream(dev).wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        if lane.pool is None:
+            lane.pool = torch.cuda.graph_pool_handle()
         g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=self._pool):
+        with torch.cuda.graph(g.graph, pool=lane.pool):
             g.out = self._forward(g.codes, g.lengths, g.offsets)
         return g
 
-    def _replay(self, g: _Graph, codes: npt.NDArray[np.int64], sizes: list[int],
-                starts: list[int]) -> torch.Tensor:
+    def _replay(self, lane: _Lane, g: _Graph, codes: npt.NDArray[np.int64], sizes: list[int],
+                starts: list[int]) -> FloatArray:
+        """One pinned host-to-device copy, the replay, one device-to-host copy
+        into pinned memory, one synchronize. Returns a fresh (b, samples) array."""
         b, n, _ = codes.shape
+        bb, nb, _ = g.codes.shape
         lpf = self.latent_per_frame
-        full = np.zeros(tuple(g.codes.shape), dtype=np.int64)
-        full[:b, :n] = codes
-        lengths = np.zeros(g.lengths.shape[0], dtype=np.int64)
-        lengths[:b] = np.asarray(sizes) * lpf
-        offsets = np.zeros(g.offsets.shape[0], dtype=np.int64)
-        offsets[:b] = np.asarray(starts) * lpf
-        g.codes.copy_(torch.from_numpy(full), non_blocking=False)
-        g.lengths.copy_(torch.from_numpy(lengths))
-        g.offsets.copy_(torch.from_numpy(offsets))
+        host = lane.staging.inputs(g.packed.numel())
+        arr = host.numpy()
+        cells = bb * nb * FRAME_CODES
+        grid = arr[:cells].reshape(bb, nb, FRAME_CODES)
+        grid.fill(0)
+        grid[:b, :n] = codes
+        arr[cells:cells + bb] = 0
+        arr[cells:cells + b] = np.asarray(sizes) * lpf
+        arr[cells + bb:] = 0
+        arr[cells + bb:cells + bb + b] = np.asarray(starts) * lpf
+        g.packed.copy_(host, non_blocking=True)
         g.graph.replay()
         assert g.out is not None
-        return g.out[:b]
+        out = lane.staging.outputs(b, g.out.shape[1])
+        out.copy_(g.out[:b], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return out.numpy().copy()
+
+
+class FirstLaneDecoder:
+    """``WindowDecoder`` on a ``SnacDecoder``'s first lane: short windows only
+    (``fits``), safe on a second thread beside the main lane's ``decode``."""
+
+    def __init__(self, decoder: SnacDecoder, lane: _Lane) -> None:
+        self._decoder = decoder
+        self._lane = lane
+
+    def fits(self, windows: int, frames: int) -> bool:
+        """Whether ``windows`` windows of at most ``frames`` frames have a graph here."""
+        return self._decoder._lookup(self._lane, windows, frames) is not None
+
+    def decode(self, windows: Sequence[CodeWindow]) -> list[FloatArray]:
+        return self._decoder._lane_decode(self._lane, windows) if windows else []

@@ -88,15 +88,19 @@ class SnacVocoder:
 
     async def start(self, *, warm_up: bool = True) -> None:
         """Start the decode thread; ``warm_up`` runs one decode (and, on CUDA with
-        graphs, captures them all) before returning."""
+        graphs, captures them all and opens the first lane) before returning."""
         await self._batcher.start()
         if warm_up:
             await asyncio.get_running_loop().run_in_executor(
                 self._batcher.executor, self._warm_up)
+            lane = self.decoder.first_lane()
+            if lane is not None:
+                self._batcher.enable_first_lane(lane)
 
     def _warm_up(self) -> None:
         self.decoder.decode([CodeWindow(np.zeros((1, FRAME_CODES), dtype=np.int64), 0)])
-        self.decoder.warm_up(self.config.max_batch_frames)
+        first = self.config.first_frames if self.config.first_lane else 0
+        self.decoder.warm_up(self.config.max_batch_frames, first_lane_frames=first)
 
     async def close(self) -> None:
         await self._batcher.close()

@@ -153,6 +153,9 @@ class OrpheusRuntime:
                                           stats.padded_frames),
                 "vocoder_decode_seconds": ("Wall time inside decoder calls",
                                            stats.decode_seconds),
+                "vocoder_first_lane_calls": ("Decoder calls of first chunks on the first "
+                                             "lane (beside the main calls)",
+                                             stats.first_lane_calls),
             }
         return out
 
