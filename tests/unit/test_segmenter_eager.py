@@ -7,6 +7,8 @@ import pytest
 
 from rtserver.text.segmenter import Segmenter, SegmenterConfig
 
+W = SegmenterConfig().first_punct_wait_s  # the eager wait
+
 
 def feed_all(seg: Segmenter, parts: list[str], now: float = 0.0) -> list[str]:
     out: list[str] = []
@@ -20,9 +22,9 @@ def feed_all(seg: Segmenter, parts: list[str], now: float = 0.0) -> list[str]:
 def test_punctuation_at_the_end_fires_after_the_short_wait(parts: list[str]) -> None:
     seg = Segmenter()
     assert feed_all(seg, parts) == []
-    assert seg.deadline() == pytest.approx(0.005)
-    assert seg.poll(0.004) == []
-    [first] = seg.poll(0.005)
+    assert seg.deadline() == pytest.approx(W)
+    assert seg.poll(0.8 * W) == []
+    [first] = seg.poll(W)
     assert first.text == "".join(parts).strip()
     assert first.index == 0
 
@@ -39,8 +41,8 @@ def test_ambiguous_endings_are_not_cut_eagerly(text: str) -> None:
 def test_more_text_within_the_wait_decides_as_usual() -> None:
     seg = Segmenter()
     assert seg.feed("Visit example.", 0.0) == []
-    assert seg.feed("com today", 0.001) == []  # the "." was not a sentence end
-    assert (seg.deadline() or 0) > 0.005
+    assert seg.feed("com today", 0.5 * W) == []  # the "." was not a sentence end
+    assert (seg.deadline() or 0) > W
     assert [s.text for s in seg.end(0.1)] == ["Visit example.com today"]
 
 
@@ -62,19 +64,19 @@ def test_a_trailing_bang_is_cut_eagerly_unless_an_image_follows_in_time() -> Non
     # the eager deadline decides it as text
     seg = Segmenter()
     assert feed_all(seg, ["Good", " question", "!"]) == []
-    assert seg.deadline() == pytest.approx(0.005)
-    [first] = seg.poll(0.005)
+    assert seg.deadline() == pytest.approx(W)
+    [first] = seg.poll(W)
     assert first.text == "Good question!"
     # "![" within the wait: an image, whose alt text is spoken
     seg = Segmenter()
     assert feed_all(seg, ["Look", "!"]) == []
-    seg.feed("[a cat](cat.png) here.", 0.001)
-    [text] = [s.text for s in seg.end(0.002)]
+    seg.feed("[a cat](cat.png) here.", 0.5 * W)
+    [text] = [s.text for s in seg.end(2 * W)]
     assert "!" not in text and text.endswith("a cat here.")
 
 
 def test_an_emoji_before_the_bang_leaves_no_space() -> None:
     seg = Segmenter()
     assert feed_all(seg, ["Great", " launch", " \U0001F389!"]) == []
-    [first] = seg.poll(0.005)
+    [first] = seg.poll(W)
     assert first.text == "Great launch!"
