@@ -11,6 +11,10 @@ set -uo pipefail
 echo "== lanes (left $(left) s)"
 timeout 120 python3 -m rtserver.vocoder.measure lanes --device cuda --graphs --batch 64 \
   --frames 8 2>&1 | tee "$OUT/lanes.txt"
+if [ "${PIPESTATUS[0]}" != 0 ] || [ -n "${NO_LANE:-}" ]; then
+  echo "first lane off for this run" | tee -a "$OUT/lanes.txt"
+  export RTSERVER_ORPHEUS_VOCODER_FIRST_LANE=false
+fi
 export RTSERVER_ORPHEUS_MODEL_DIR=$CKPT RTSERVER_ORPHEUS_SNAC_DIR=$CKPT/snac
 export RTSERVER_ORPHEUS_TOKEN_GUARD=none RTSERVER_ORPHEUS_DEVICE=cuda
 # Random weights never end speech: the token budget is natural speech length
