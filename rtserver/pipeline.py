@@ -23,7 +23,7 @@ from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
 from rtserver.errors import EngineFailed, RtError
 from rtserver.metrics import Metrics
-from rtserver.pacing.hints import HintConfig, RtfTracker, ahead_ms, prebuffer_ms
+from rtserver.pacing.hints import HintConfig, LiveRates, RtfTracker, ahead_ms, prebuffer_ms
 from rtserver.protocol.messages import BufferHint, Done, SegmentStarted, Start
 from rtserver.server.outbox import ContextLedger, Outbox
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
@@ -59,8 +59,16 @@ class _Input:
 class VoiceStats:
     """Measured behaviour of one voice, shared by its contexts."""
 
-    rtf: RtfTracker
+    rtf: RtfTracker  # completed segments
     audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
+    live: LiveRates = field(default_factory=LiveRates)  # segments in flight
+
+    def rtf_estimate(self, q: float, now: float) -> float:
+        """The r to plan with: the ``q``-quantile of recent completed segments,
+        or of the segments in flight when those are slower (load rising)."""
+        done = self.rtf.percentile(q, now)
+        live = self.live.percentile(q)
+        return done if live is None else max(done, live)
 
     def observe_segment(self, chars: int, audio_ms: float, gen_s: float, now: float) -> None:
         if audio_ms <= 0:
@@ -188,7 +196,7 @@ class ContextPipeline:
                 or pending == self._starve_checked):
             return None
         audio_end = sent + self.ledger.next_seq * self.start.frame_ms / 1000.0
-        rtf = self.voice_stats.rtf.percentile(self.hint_config.percentile, self.clock())
+        rtf = self.voice_stats.rtf_estimate(self.hint_config.percentile, self.clock())
         synth_s = rtf * pending * self.voice_stats.audio_ms_per_char / 1000.0
         return audio_end - synth_s - self.hint_config.jitter_ms / 1000.0 - STARVATION_MARGIN_S
 
@@ -240,11 +248,15 @@ class ContextPipeline:
             if first_audio:
                 self._first_times = {"began": began}
             seg_samples = 0
+            live = self.voice_stats.live
+            live.begin(request.request_id, began)
             try:
                 async for chunk in self.voice.synthesize(request):
                     if first_audio and "pcm" not in self._first_times:
                         self._first_times["pcm"] = self.clock()
                     seg_samples += len(chunk.samples)
+                    live.progress(request.request_id, seg_samples / chunk.sample_rate,
+                                  self._blocked_s, self.clock())
                     pcm = resampler.process(chunk.samples)
                     head = 0
                     if self.ledger.next_seq == 0:
@@ -264,6 +276,8 @@ class ContextPipeline:
                 raise
             except Exception as exc:  # a voice bug fails this context only
                 raise EngineFailed(f"voice failed: {exc}", context=self.context) from exc
+            finally:
+                live.end(request.request_id)
             # generation time: without the waits on a full send queue, which
             # are the client's pace, not the voice's
             gen_s = max(0.0, self.clock() - began - self._blocked_s)
@@ -329,7 +343,7 @@ class ContextPipeline:
 
     def _send_hint(self, seg: Segment, first_chunk_ms: float | None) -> None:
         stats = self.voice_stats
-        rtf = stats.rtf.percentile(self.hint_config.percentile, self.clock())
+        rtf = stats.rtf_estimate(self.hint_config.percentile, self.clock())
         plan = self.voice.info.chunk_plan_ms
         cost: list[float] | None = None
         if plan:  # a streaming voice: its own chunk schedule within the segment

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 # Float slack (ms) when comparing arrival and play times.
@@ -66,6 +66,13 @@ class HintConfig:
     # a slow start (first CUDA calls, a burst an hour ago) does not inflate
     # hints once the voice is fast again. 30 s: several sentences of traffic.
     max_age_s: float = 30.0
+    # Segments still being synthesized count too (``LiveRates``) once they
+    # made this much audio: a load that rises within seconds (64 -> 128
+    # streams over 8 s on the H200) slows segments in flight before any of
+    # them completes, and hints computed from completed ones alone came out
+    # short (bench/results/h200-orpheus-v3-2026-12-03). 1 s keeps a segment's
+    # start-up (its time to first audio) from dominating its rate.
+    live_min_audio_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.jitter_ms >= 0:
@@ -78,6 +85,8 @@ class HintConfig:
             raise ValueError(f"default_rtf must be > 0, not {self.default_rtf}")
         if not self.max_age_s > 0:
             raise ValueError(f"max_age_s must be > 0, not {self.max_age_s}")
+        if not self.live_min_audio_s > 0:
+            raise ValueError(f"live_min_audio_s must be > 0, not {self.live_min_audio_s}")
 
 
 class RtfTracker:
@@ -129,6 +138,46 @@ class RtfTracker:
                             if t >= oldest) or [self._ring[-1]]
         rank = max(1, math.ceil(q * len(values) - 1e-9))
         return values[rank - 1]
+
+
+class LiveRates:
+    """Real-time factors of segments in flight: generation time so far (waits
+    on a full send queue excluded) / audio made so far, for segments that made
+    at least ``live_min_audio_s``. Keys are any hashable segment ids."""
+
+    def __init__(self, config: HintConfig | None = None) -> None:
+        self._min_audio_s = (config or HintConfig()).live_min_audio_s
+        self._began: dict[Hashable, float] = {}
+        self._rates: dict[Hashable, float] = {}
+
+    def __len__(self) -> int:
+        """Segments in flight."""
+        return len(self._began)
+
+    def begin(self, key: Hashable, now: float) -> None:
+        self._began[key] = now
+        self._rates.pop(key, None)
+
+    def progress(self, key: Hashable, audio_s: float, waited_s: float, now: float) -> None:
+        """``key`` has made ``audio_s`` of audio by ``now``, ``waited_s`` of its
+        time spent waiting on the client."""
+        began = self._began.get(key)
+        if began is None or audio_s < self._min_audio_s:
+            return
+        self._rates[key] = max(0.0, now - began - waited_s) / audio_s
+
+    def end(self, key: Hashable) -> None:
+        self._began.pop(key, None)
+        self._rates.pop(key, None)
+
+    def percentile(self, q: float) -> float | None:
+        """Nearest-rank ``q``-quantile of the in-flight rates; None without any."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], not {q}")
+        if not self._rates:
+            return None
+        values = sorted(self._rates.values())
+        return values[max(1, math.ceil(q * len(values) - 1e-9)) - 1]
 
 
 def _check_chunks(chunk_ms: Sequence[float]) -> None:
@@ -292,6 +341,7 @@ def simulate_playback(arrivals: Sequence[tuple[float, float]],
 
 __all__ = [
     "HintConfig",
+    "LiveRates",
     "PlaybackResult",
     "RtfTracker",
     "ahead_ms",

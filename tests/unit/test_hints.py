@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from rtserver.pacing.hints import (
     HintConfig,
+    LiveRates,
     PlaybackResult,
     RtfTracker,
     ahead_ms,
@@ -258,3 +259,51 @@ def test_snac_plan_needs_the_lookahead_in_the_hint() -> None:
     hint = prebuffer_ms(0.1, chunks, 10, cost_ms=cost)
     assert hint > chunks[0]  # wait for the second chunk
     assert simulate_playback(arrivals, hint).underruns == 0
+
+
+# --- segments in flight --------------------------------------------------------------------
+
+
+def test_live_rates_count_segments_in_flight_once_they_made_enough_audio() -> None:
+    live = LiveRates(HintConfig(live_min_audio_s=1.0))
+    assert live.percentile(0.95) is None
+    live.begin("a", now=10.0)
+    live.progress("a", audio_s=0.5, waited_s=0.0, now=10.4)  # too little audio yet
+    assert live.percentile(0.95) is None and len(live) == 1
+    live.progress("a", audio_s=2.0, waited_s=0.4, now=11.6)  # (1.6 - 0.4) / 2.0
+    assert live.percentile(0.95) == pytest.approx(0.6)
+    live.begin("b", now=11.0)
+    live.progress("b", audio_s=1.0, waited_s=0.0, now=11.2)
+    assert live.percentile(0.0) == pytest.approx(0.2)
+    assert live.percentile(1.0) == pytest.approx(0.6)
+    live.progress("unknown", audio_s=5.0, waited_s=0.0, now=12.0)  # never begun: ignored
+    live.end("a")
+    live.end("a")  # twice is harmless (a cancelled segment's finally)
+    assert live.percentile(0.95) == pytest.approx(0.2) and len(live) == 1
+    with pytest.raises(ValueError):
+        live.percentile(1.5)
+    with pytest.raises(ValueError):
+        HintConfig(live_min_audio_s=0.0)
+
+
+def test_rising_load_lengthens_the_hint_before_any_segment_completes() -> None:
+    # 64 -> 128 streams on the H200: completed segments said r = 0.4, the ones
+    # in flight already run at 0.7; a new stream must be told to buffer for 0.7
+    from rtserver.pipeline import VoiceStats
+
+    stats = VoiceStats(RtfTracker())
+    for t in range(10):
+        stats.rtf.observe(0.4, 1.0, now=float(t))
+    assert stats.rtf_estimate(0.95, now=10.0) == pytest.approx(0.4)
+    stats.live.begin("s1", now=10.0)
+    stats.live.progress("s1", audio_s=2.0, waited_s=0.0, now=11.4)
+    assert stats.rtf_estimate(0.95, now=11.4) == pytest.approx(0.7)
+    plan = stream_plan(ChunkConfig(), 8)
+    chunks = [1000.0 * n / 24000 for n, _ in plan]
+    cost = [f * 2048 / 24 for _, f in plan]
+    short = prebuffer_ms(0.4, chunks, 40.0, cost_ms=cost)
+    assert prebuffer_ms(stats.rtf_estimate(0.95, 11.4), chunks, 40.0, cost_ms=cost) > short
+    stats.live.end("s1")
+    stats.live.begin("s2", now=12.0)
+    stats.live.progress("s2", audio_s=2.0, waited_s=0.0, now=12.4)  # r = 0.2
+    assert stats.rtf_estimate(0.95, now=12.4) == pytest.approx(0.4)  # never below completed
