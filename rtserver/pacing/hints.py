@@ -136,8 +136,12 @@ class RtfTracker:
             oldest = now - self._config.max_age_s
             values = sorted(r for r, t in zip(self._ring, self._times, strict=True)
                             if t >= oldest) or [self._ring[-1]]
-        rank = max(1, math.ceil(q * len(values) - 1e-9))
-        return values[rank - 1]
+        return _nearest_rank(values, q)
+
+
+def _nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """The smallest value with at least ``q`` of the values at or below it."""
+    return sorted_values[max(1, math.ceil(q * len(sorted_values) - 1e-9)) - 1]
 
 
 class LiveRates:
@@ -176,8 +180,7 @@ class LiveRates:
             raise ValueError(f"q must be in [0, 1], not {q}")
         if not self._rates:
             return None
-        values = sorted(self._rates.values())
-        return values[max(1, math.ceil(q * len(values) - 1e-9)) - 1]
+        return _nearest_rank(sorted(self._rates.values()), q)
 
 
 def _check_chunks(chunk_ms: Sequence[float]) -> None:
