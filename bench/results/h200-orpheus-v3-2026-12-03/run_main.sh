@@ -10,7 +10,8 @@
 #   PHASE=burst   all users of a level at one instant (burst/)
 # Everything goes under $OUT.
 set -uo pipefail
-. "$(dirname "$0")/common.sh"
+# versions, time left, the random checkpoint: the second session's common.sh
+. "$(dirname "$0")/../h200-orpheus-v2-2026-12-02/common.sh"
 PORT=${PORT:-8799}
 URL=ws://127.0.0.1:$PORT/v1/stream
 NOTE1="H200, Orpheus-3B shapes, random audio-biased weights (write_random_orpheus): speed real, sound noise"
