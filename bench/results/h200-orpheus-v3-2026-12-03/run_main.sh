@@ -20,12 +20,14 @@ common=(--url $URL --voice orpheus:tara --load stream --fragment token --tokens-
         --tags numbers,abbreviations --ttfa-p99-ms 120 --no-plots --note "$NOTE1" --note "$NOTE2")
 case ${PHASE:-start} in
 start)
+  lanes_rc=0
   if [ -z "${SKIP_LANES:-}" ]; then
     echo "== lanes (left $(left) s)"
     timeout 120 python3 -m rtserver.vocoder.measure lanes --device cuda --graphs --batch 64 \
       --frames 8 2>&1 | tee "$OUT/lanes.txt"
+    lanes_rc=${PIPESTATUS[0]}
   fi
-  if [ "${PIPESTATUS[0]}" != 0 ] || [ -n "${NO_LANE:-}" ]; then
+  if [ "$lanes_rc" != 0 ] || [ -n "${NO_LANE:-}" ]; then
     echo "first lane off for this run" | tee -a "$OUT/lanes.txt"
     export RTSERVER_ORPHEUS_VOCODER_FIRST_LANE=false
   fi
