@@ -161,10 +161,6 @@ class DecodeBatcher:
         self._lane_worker = asyncio.get_running_loop().create_task(
             self._run(self._lane_loop), name="vocoder-first-lane")
 
-    @property
-    def first_lane(self) -> bool:
-        return self._lane is not None
-
     async def close(self) -> None:
         """Decode what is queued, then stop the workers and their threads."""
         if self._worker is None or self._closing:
