@@ -23,7 +23,8 @@ from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
 from rtserver.errors import EngineFailed, RtError
 from rtserver.metrics import Metrics
-from rtserver.pacing.hints import HintConfig, LiveRates, RtfTracker, ahead_ms, prebuffer_ms
+from rtserver.pacing.hints import HintConfig, ahead_ms, prebuffer_ms
+from rtserver.pacing.rates import LiveRates, RtfTracker
 from rtserver.protocol.messages import BufferHint, Done, SegmentStarted, Start
 from rtserver.server.outbox import ContextLedger, Outbox
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
@@ -62,18 +63,20 @@ class VoiceStats:
     rtf: RtfTracker  # completed segments
     audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
     live: LiveRates = field(default_factory=LiveRates)  # segments in flight
+    active: int = 0  # contexts of the voice running now (its load)
 
     def rtf_estimate(self, q: float, now: float) -> float:
-        """The r to plan with: the ``q``-quantile of recent completed segments,
-        or of the segments in flight when those are slower (load rising)."""
-        done = self.rtf.percentile(q, now)
+        """The r to plan with: the ``q``-quantile of recent completed segments
+        made at the present load (extrapolated above it), or of the segments
+        in flight when those are slower (load rising)."""
+        done = self.rtf.percentile(q, now, load=self.active)
         live = self.live.percentile(q)
         return done if live is None else max(done, live)
 
     def observe_segment(self, chars: int, audio_ms: float, gen_s: float, now: float) -> None:
         if audio_ms <= 0:
             return
-        self.rtf.observe(gen_s, audio_ms / 1000.0, now)
+        self.rtf.observe(gen_s, audio_ms / 1000.0, now, load=self.active)
         if chars > 0:  # exponential average, weight 0.1 per segment
             self.audio_ms_per_char += 0.1 * (audio_ms / chars - self.audio_ms_per_char)
 

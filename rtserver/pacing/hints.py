@@ -35,8 +35,7 @@ doubling chunks and r > 0.5 the need grows with every chunk.
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Float slack (ms) when comparing arrival and play times.
@@ -73,6 +72,18 @@ class HintConfig:
     # short (bench/results/h200-orpheus-v3-2026-12-03). 1 s keeps a segment's
     # start-up (its time to first audio) from dominating its rate.
     live_min_audio_s: float = 1.0
+    # r depends on load (contexts generating at once): vLLM's step time grows
+    # with its batch (H200, Orpheus-3B shapes: r 0.25 at 1 stream, 0.40 at 64,
+    # 0.61 at 128). Observations made at under ``load_similar`` of the current
+    # load do not count; above every load seen lately, r is extrapolated with
+    # the fitted slope (rates.LoadSlope: weights halve every
+    # ``load_halflife`` observations; no slope until loads spread over
+    # ``load_min_spread`` contexts). A burst of 64 users after levels of 8 and
+    # 32 had hints from r 0.47 while it ran at 0.67-0.71; the slope of those
+    # levels predicts 0.67 (bench/results/h200-orpheus-v3-2026-12-03, burst).
+    load_similar: float = 0.75
+    load_halflife: float = 512.0
+    load_min_spread: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.jitter_ms >= 0:
@@ -87,100 +98,10 @@ class HintConfig:
             raise ValueError(f"max_age_s must be > 0, not {self.max_age_s}")
         if not self.live_min_audio_s > 0:
             raise ValueError(f"live_min_audio_s must be > 0, not {self.live_min_audio_s}")
-
-
-class RtfTracker:
-    """Recent real-time factors of one voice: a ring of the last ``window``
-    observations (generation time / audio time, one per segment), of which
-    those younger than ``max_age_s`` count when ``now`` is given."""
-
-    def __init__(self, config: HintConfig | None = None) -> None:
-        self._config = config or HintConfig()
-        self._ring: deque[float] = deque(maxlen=self._config.window)
-        self._times: deque[float] = deque(maxlen=self._config.window)
-        self._total = 0
-
-    @property
-    def count(self) -> int:
-        """Observations in the window."""
-        return len(self._ring)
-
-    @property
-    def total(self) -> int:
-        """Observations ever made."""
-        return self._total
-
-    def observe(self, gen_s: float, audio_s: float, now: float = 0.0) -> None:
-        """``gen_s`` seconds of work produced ``audio_s`` seconds of audio, at ``now``."""
-        if not (math.isfinite(gen_s) and gen_s >= 0):
-            raise ValueError(f"gen_s must be finite and >= 0, not {gen_s}")
-        if not (math.isfinite(audio_s) and audio_s > 0):
-            raise ValueError(f"audio_s must be finite and > 0, not {audio_s}")
-        self._ring.append(gen_s / audio_s)
-        self._times.append(now)
-        self._total += 1
-
-    def percentile(self, q: float | None = None, now: float | None = None) -> float:
-        """Nearest-rank ``q``-quantile of the window (``q`` defaults to the
-        config's): the smallest value with at least ``q`` of the window at or
-        below it, so a short window answers its maximum for high q.
-        ``default_rtf`` before any observation."""
-        q = self._config.percentile if q is None else q
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q must be in [0, 1], not {q}")
-        if not self._ring:
-            return self._config.default_rtf
-        if now is None:
-            values = sorted(self._ring)
-        else:
-            oldest = now - self._config.max_age_s
-            values = sorted(r for r, t in zip(self._ring, self._times, strict=True)
-                            if t >= oldest) or [self._ring[-1]]
-        return _nearest_rank(values, q)
-
-
-def _nearest_rank(sorted_values: Sequence[float], q: float) -> float:
-    """The smallest value with at least ``q`` of the values at or below it."""
-    return sorted_values[max(1, math.ceil(q * len(sorted_values) - 1e-9)) - 1]
-
-
-class LiveRates:
-    """Real-time factors of segments in flight: generation time so far (waits
-    on a full send queue excluded) / audio made so far, for segments that made
-    at least ``live_min_audio_s``. Keys are any hashable segment ids."""
-
-    def __init__(self, config: HintConfig | None = None) -> None:
-        self._min_audio_s = (config or HintConfig()).live_min_audio_s
-        self._began: dict[Hashable, float] = {}
-        self._rates: dict[Hashable, float] = {}
-
-    def __len__(self) -> int:
-        """Segments in flight."""
-        return len(self._began)
-
-    def begin(self, key: Hashable, now: float) -> None:
-        self._began[key] = now
-        self._rates.pop(key, None)
-
-    def progress(self, key: Hashable, audio_s: float, waited_s: float, now: float) -> None:
-        """``key`` has made ``audio_s`` of audio by ``now``, ``waited_s`` of its
-        time spent waiting on the client."""
-        began = self._began.get(key)
-        if began is None or audio_s < self._min_audio_s:
-            return
-        self._rates[key] = max(0.0, now - began - waited_s) / audio_s
-
-    def end(self, key: Hashable) -> None:
-        self._began.pop(key, None)
-        self._rates.pop(key, None)
-
-    def percentile(self, q: float) -> float | None:
-        """Nearest-rank ``q``-quantile of the in-flight rates; None without any."""
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q must be in [0, 1], not {q}")
-        if not self._rates:
-            return None
-        return _nearest_rank(sorted(self._rates.values()), q)
+        if not 0.0 <= self.load_similar <= 1.0:
+            raise ValueError(f"load_similar must be in [0, 1], not {self.load_similar}")
+        if not (self.load_halflife > 0 and self.load_min_spread > 0):
+            raise ValueError("load_halflife and load_min_spread must be > 0")
 
 
 def _check_chunks(chunk_ms: Sequence[float]) -> None:
@@ -344,9 +265,7 @@ def simulate_playback(arrivals: Sequence[tuple[float, float]],
 
 __all__ = [
     "HintConfig",
-    "LiveRates",
     "PlaybackResult",
-    "RtfTracker",
     "ahead_ms",
     "planned_arrivals",
     "prebuffer_ms",

@@ -163,6 +163,7 @@ class Connection:
 
     async def _run_context(self, pipeline: ContextPipeline) -> None:
         ctx = pipeline.context
+        pipeline.voice_stats.active += 1  # the voice's load, for its hints
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(pipeline.segment_loop())
@@ -180,6 +181,8 @@ class Connection:
             log.exception("context crashed", exc_info=eg.exceptions[0])
             self._finish(ctx, "failed")
             self._reply(error_message(InternalError("internal error", context=ctx)))
+        finally:
+            pipeline.voice_stats.active -= 1
 
     async def _cancel(self, ctx: str) -> None:
         live = self.live.get(ctx)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from rtserver import __version__
 from rtserver.config import Config
 from rtserver.metrics import Metrics
-from rtserver.pacing.hints import RtfTracker
+from rtserver.pacing.rates import RtfTracker
 from rtserver.pipeline import VoiceStats
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.voices.base import Voice

@@ -27,6 +27,13 @@ def speech_like(pcm: np.ndarray, rate: int, text: str) -> None:
     assert 0.3 < loud / len(energies) < 0.99
 
 
+def active_contexts(server: ServerThread) -> int:
+    """Contexts the server counts as running, over all voices (their load)."""
+    assert server.server is not None and server.server.app is not None
+    app = server.server.app
+    return int(server.call(lambda: sum(s.active for s in app.voice_stats.values())))
+
+
 async def test_reply_streamed_word_by_word_comes_back_as_speech(server: ServerThread) -> None:
     async with RtClient.connect(server.url) as client:
         assert client.ready.protocol == 1
@@ -88,6 +95,7 @@ async def test_two_contexts_at_once_on_one_connection(server: ServerThread) -> N
         assert r.pcm is not None
         speech_like(r.pcm, r.started.sample_rate, text)
     assert rb.started.frame_ms == 40 and rb.started.pre_skip == 0
+    assert active_contexts(server) == 0  # the voices' load, for hints: back to idle
 
 
 async def test_cancel_fences_the_context(server: ServerThread) -> None:
@@ -115,3 +123,4 @@ async def test_cancel_fences_the_context(server: ServerThread) -> None:
         await again.send_text("And the next turn starts clean.")
         await again.end()
         assert (await again.collect()).ok
+    assert active_contexts(server) == 0  # the cancelled context left the load too

@@ -17,7 +17,8 @@ import pytest
 from rtserver.audio.opus import OpusConfig
 from rtserver.audio.pcm import PcmChunk
 from rtserver.metrics import Metrics
-from rtserver.pacing.hints import HintConfig, RtfTracker
+from rtserver.pacing.hints import HintConfig
+from rtserver.pacing.rates import RtfTracker
 from rtserver.pipeline import ContextPipeline, VoiceStats
 from rtserver.protocol.messages import Start
 from rtserver.server.outbox import AudioItem, ContextLedger, Outbox
