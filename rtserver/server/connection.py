@@ -163,7 +163,8 @@ class Connection:
 
     async def _run_context(self, pipeline: ContextPipeline) -> None:
         ctx = pipeline.context
-        pipeline.voice_stats.active += 1  # the voice's load, for its hints
+        load = pipeline.voice_stats.load
+        load.active += 1  # the server's load, for hints
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(pipeline.segment_loop())
@@ -182,7 +183,7 @@ class Connection:
             self._finish(ctx, "failed")
             self._reply(error_message(InternalError("internal error", context=ctx)))
         finally:
-            pipeline.voice_stats.active -= 1
+            load.active -= 1
 
     async def _cancel(self, ctx: str) -> None:
         live = self.live.get(ctx)

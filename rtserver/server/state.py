@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from rtserver import __version__
 from rtserver.config import Config
 from rtserver.metrics import Metrics
-from rtserver.pacing.rates import RtfTracker
-from rtserver.pipeline import VoiceStats
+from rtserver.pacing.rates import LiveRates, RtfTracker
+from rtserver.pipeline import ServerLoad, VoiceStats
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.voices.base import Voice
 
@@ -22,6 +22,7 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
     voice_aliases: dict[str, str] = field(default_factory=dict)
+    load: ServerLoad = field(default_factory=ServerLoad)  # contexts running, all voices
     # Opus encoding of many streams runs here, off the event loop
     encode_pool: Executor | None = None
     ready: bool = False
@@ -29,8 +30,10 @@ class AppState:
     connections: int = 0
 
     def __post_init__(self) -> None:
+        hints = self.config.hints
         for name in self.voices:
-            self.voice_stats.setdefault(name, VoiceStats(rtf=RtfTracker(self.config.hints)))
+            self.voice_stats.setdefault(name, VoiceStats(
+                rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load))
         # short names: "en_US-joe-medium" for "piper:en_US-joe-medium", "default"
         self.voice_aliases.setdefault("default", self.default_voice)
         for name in self.voices:

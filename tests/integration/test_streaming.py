@@ -28,10 +28,11 @@ def speech_like(pcm: np.ndarray, rate: int, text: str) -> None:
 
 
 def active_contexts(server: ServerThread) -> int:
-    """Contexts the server counts as running, over all voices (their load)."""
+    """Contexts the server counts as running (the load its hints plan for)."""
     assert server.server is not None and server.server.app is not None
     app = server.server.app
-    return int(server.call(lambda: sum(s.active for s in app.voice_stats.values())))
+    assert all(s.load is app.load for s in app.voice_stats.values())  # one, shared
+    return int(server.call(lambda: app.load.active))
 
 
 async def test_reply_streamed_word_by_word_comes_back_as_speech(server: ServerThread) -> None:
