@@ -318,27 +318,36 @@ class SnacDecoder:
             raise ValueError("empty code window")
         n_max = max(sizes)
         b = len(windows)
-        codes = np.zeros((b, n_max, FRAME_CODES), dtype=np.int64)
-        for i, w in enumerate(windows):
-            codes[i, :sizes[i]] = w.codes
-        starts = [w.start_frame for w in windows]
         with torch.inference_mode():
             graph = self._graph_for(self._main, b, n_max) if self._use_graphs else None
             if graph is not None:
-                audio = self._replay(self._main, graph, codes, sizes, starts)
-            else:
-                # one host-to-device copy: codes, lengths, offsets packed
-                lpf = self.latent_per_frame
-                cells = codes.size
-                packed = np.concatenate([codes.ravel(), np.asarray(sizes) * lpf,
-                                         np.asarray(starts) * lpf]).astype(np.int64)
-                dev = torch.from_numpy(packed).to(self.device)
-                lengths = None if min(sizes) == n_max else dev[cells:cells + b]
-                out = self._forward(dev[:cells].view(b, n_max, FRAME_CODES), lengths,
-                                    dev[cells + b:])
-                audio = out.float().cpu().numpy()
+                return self._replay(self._main, graph, windows)
+            # eager: one host-to-device copy of codes, lengths and offsets
+            cells = b * n_max * FRAME_CODES
+            packed = np.empty(cells + 2 * b, dtype=np.int64)
+            self._pack(windows, packed, b, n_max)
+            dev = torch.from_numpy(packed).to(self.device)
+            lengths = None if min(sizes) == n_max else dev[cells:cells + b]
+            out = self._forward(dev[:cells].view(b, n_max, FRAME_CODES), lengths,
+                                dev[cells + b:])
+            audio = out.float().cpu().numpy()
         f = self.samples_per_frame
         return [np.ascontiguousarray(audio[i, :sizes[i] * f]) for i in range(b)]
+
+    def _pack(self, windows: Sequence[CodeWindow], out: npt.NDArray[np.int64], rows: int,
+              frames: int) -> None:
+        """Write ``windows`` into ``out`` laid out as ``_Graph.packed`` for a
+        (rows, frames) shape: codes zero-padded, then each row's length and
+        offset in latent steps (0 for rows no window uses)."""
+        lpf = self.latent_per_frame
+        cells = rows * frames * FRAME_CODES
+        out.fill(0)
+        grid = out[:cells].reshape(rows, frames, FRAME_CODES)
+        for i, w in enumerate(windows):
+            n = int(w.codes.shape[0])
+            grid[i, :n] = w.codes
+            out[cells + i] = n * lpf
+            out[cells + rows + i] = w.start_frame * lpf
 
     def _forward(self, codes: torch.Tensor, lengths: torch.Tensor | None,
                  offsets: torch.Tensor) -> torch.Tensor:
@@ -411,18 +420,12 @@ class SnacDecoder:
     def _lane_decode(self, lane: _Lane, windows: Sequence[CodeWindow]) -> list[FloatArray]:
         """Decode on ``lane`` with captured graphs only (no capture, no eager
         forward: both touch state the main lane uses)."""
-        sizes = [int(w.codes.shape[0]) for w in windows]
-        b, n_max = len(windows), max(sizes)
+        b, n_max = len(windows), max(int(w.codes.shape[0]) for w in windows)
         graph = self._lookup(lane, b, n_max)
         if graph is None:
             raise ValueError(f"no first-lane graph for {b} windows of {n_max} frames")
-        codes = np.zeros((b, n_max, FRAME_CODES), dtype=np.int64)
-        for i, w in enumerate(windows):
-            codes[i, :sizes[i]] = w.codes
         with torch.inference_mode(), torch.cuda.stream(lane.stream):
-            audio = self._replay(lane, graph, codes, sizes, [w.start_frame for w in windows])
-        f = self.samples_per_frame
-        return [audio[i, :sizes[i] * f] for i in range(b)]
+            return self._replay(lane, graph, windows)
 
     def _bucket(self, b: int, n: int) -> tuple[int, int] | None:
         if b > self._graph_max_batch or n > self._graph_max_frames:
@@ -461,30 +464,24 @@ class SnacDecoder:
             g.out = self._forward(g.codes, g.lengths, g.offsets)
         return g
 
-    def _replay(self, lane: _Lane, g: _Graph, codes: npt.NDArray[np.int64], sizes: list[int],
-                starts: list[int]) -> FloatArray:
-        """One pinned host-to-device copy, the replay, one device-to-host copy
-        into pinned memory, one synchronize. Returns a fresh (b, samples) array."""
-        b, n, _ = codes.shape
+    def _replay(self, lane: _Lane, g: _Graph, windows: Sequence[CodeWindow]
+                ) -> list[FloatArray]:
+        """Windows packed straight into pinned memory, one host-to-device copy,
+        the replay, one device-to-host copy of the frames used, one
+        synchronize. Returns a fresh array per window."""
         bb, nb, _ = g.codes.shape
-        lpf = self.latent_per_frame
         host = lane.staging.inputs(g.packed.numel())
-        arr = host.numpy()
-        cells = bb * nb * FRAME_CODES
-        grid = arr[:cells].reshape(bb, nb, FRAME_CODES)
-        grid.fill(0)
-        grid[:b, :n] = codes
-        arr[cells:cells + bb] = 0
-        arr[cells:cells + b] = np.asarray(sizes) * lpf
-        arr[cells + bb:] = 0
-        arr[cells + bb:cells + bb + b] = np.asarray(starts) * lpf
+        self._pack(windows, host.numpy(), bb, nb)
         g.packed.copy_(host, non_blocking=True)
         g.graph.replay()
         assert g.out is not None
-        out = lane.staging.outputs(b, g.out.shape[1])
-        out.copy_(g.out[:b], non_blocking=True)
+        sizes = [int(w.codes.shape[0]) for w in windows]
+        f = self.samples_per_frame
+        out = lane.staging.outputs(len(windows), max(sizes) * f)
+        out.copy_(g.out[:len(windows), :max(sizes) * f], non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
-        return out.numpy().copy()
+        audio = out.numpy()
+        return [audio[i, :n * f].copy() for i, n in enumerate(sizes)]
 
 
 class FirstLaneDecoder:

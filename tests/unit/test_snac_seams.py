@@ -191,6 +191,25 @@ def test_batched_equals_unbatched(decoder: SnacDecoder, codes: np.ndarray) -> No
         np.testing.assert_allclose(got, alone, atol=1e-5)
 
 
+def test_a_padded_graph_bucket_decodes_each_window_exactly(decoder: SnacDecoder,
+                                                          codes: np.ndarray) -> None:
+    # what a CUDA graph of a (4 rows, 8 frames) bucket computes for 3 windows,
+    # packed as its replay packs them (spare row, frames beyond each window),
+    # run through the same forward on the CPU
+    windows = [CodeWindow(codes[5:8], 5), CodeWindow(codes[0:1], 0), CodeWindow(codes[9:15], 9)]
+    rows, frames = 4, 8
+    cells = rows * frames * 7
+    packed = np.full(cells + 2 * rows, -1, dtype=np.int64)  # stale contents get overwritten
+    decoder._pack(windows, packed, rows, frames)
+    t = torch.from_numpy(packed)
+    with torch.inference_mode():
+        out = decoder._forward(t[:cells].view(rows, frames, 7), t[cells:cells + rows],
+                               t[cells + rows:]).numpy()
+    for i, w in enumerate(windows):
+        alone = decoder.decode([w])[0]
+        np.testing.assert_allclose(out[i, :len(w.codes) * F], alone, atol=1e-5)
+
+
 def test_group_windows_bounds_size_padding_and_waste() -> None:
     cfg = BatcherConfig(max_batch=4, max_batch_frames=40, max_pad_fraction=0.25)
     lengths = [1, 1, 7, 9, 21, 21, 13, 13, 13, 13, 13, 2, 40]
