@@ -58,8 +58,10 @@ class _Input:
 
 @dataclass(slots=True)
 class ServerLoad:
-    """Contexts running in the process now: the load every voice's r depends
-    on (voices share the engine, the GPU, the cores). One per server."""
+    """Contexts open in the server now (started, not yet done, cancelled or
+    failed): the load every voice's r depends on (voices share the engine,
+    the GPU, the cores). One per server, kept by the connections; the
+    ``rtserver_active_contexts`` gauge reads it."""
 
     active: int = 0
 

@@ -97,7 +97,7 @@ class Connection:
             for live in self.live.values():
                 live.task.cancel()
             metrics.connections.dec()
-            metrics.contexts.dec(len(self.live))
+            self.app.load.active -= len(self.live)
             self.live.clear()
         if close is not None:
             await self.ws.close(close.code, close.reason)
@@ -159,12 +159,10 @@ class Connection:
         assert self._group is not None
         task = self._group.create_task(self._run_context(pipeline), name=f"ctx:{start.context}")
         self.live[start.context] = _Live(pipeline, task)
-        self.app.metrics.contexts.inc()
+        self.app.load.active += 1
 
     async def _run_context(self, pipeline: ContextPipeline) -> None:
         ctx = pipeline.context
-        load = pipeline.voice_stats.load
-        load.active += 1  # the server's load, for hints
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(pipeline.segment_loop())
@@ -182,8 +180,6 @@ class Connection:
             log.exception("context crashed", exc_info=eg.exceptions[0])
             self._finish(ctx, "failed")
             self._reply(error_message(InternalError("internal error", context=ctx)))
-        finally:
-            load.active -= 1
 
     async def _cancel(self, ctx: str) -> None:
         live = self.live.get(ctx)
@@ -204,8 +200,8 @@ class Connection:
             return
         pipe = live.pipeline
         self.session.context_finished(ctx, pipe.ledger.last_sent_seq)
+        self.app.load.active -= 1
         metrics = self.app.metrics
-        metrics.contexts.dec()
         metrics.contexts_total.labels(outcome).inc()
         audio_ms = pipe.ledger.next_seq * pipe.start.frame_ms
         ttfa = pipe.ttfa_ms()

@@ -30,6 +30,8 @@ class AppState:
     connections: int = 0
 
     def __post_init__(self) -> None:
+        # one count of running contexts: the hints' load, and the gauge
+        self.metrics.contexts.set_function(lambda: self.load.active)
         hints = self.config.hints
         for name in self.voices:
             self.voice_stats.setdefault(name, VoiceStats(
