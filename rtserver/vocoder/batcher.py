@@ -149,7 +149,8 @@ class DecodeBatcher:
         if self._worker is not None:
             return
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder-decode")
-        self._worker = asyncio.get_running_loop().create_task(self._run(), name="vocoder-batcher")
+        self._worker = asyncio.get_running_loop().create_task(self._run(self._loop),
+                                                                name="vocoder-batcher")
 
     def enable_first_lane(self, lane: LaneDecoder) -> None:
         """From now on, urgent windows that ``lane`` fits decode on it, on a
@@ -221,9 +222,10 @@ class DecodeBatcher:
                 frames += n
         return batch
 
-    async def _run(self, body: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def _run(self, body: Callable[[], Awaitable[None]]) -> None:
+        """Run a worker loop; if it dies, fail what is queued instead of hanging it."""
         try:
-            await (body or self._loop)()
+            await body()
         except BaseException as exc:  # a bug here must not leave pushes waiting forever
             self._closing = True
             self._fail_queued(RuntimeError(f"vocoder batcher stopped: {exc!r}"))
