@@ -80,7 +80,8 @@ class HintConfig:
     # ``load_halflife`` observations; no slope until loads spread over
     # ``load_min_spread`` contexts). A burst of 64 users after levels of 8 and
     # 32 had hints from r 0.47 while it ran at 0.67-0.71; the slope of those
-    # levels predicts 0.67 (bench/results/h200-orpheus-v3-2026-12-03, burst).
+    # levels predicts 0.69 (bench/results/h200-orpheus-v3-2026-12-03, burst;
+    # replayed in tests/unit/test_hints.py).
     load_similar: float = 0.75
     load_halflife: float = 512.0
     load_min_spread: float = 2.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,11 +209,11 @@ def measure_lanes(decoder: SnacDecoder, busy_batch: int, busy_frames: int, *,
     out: dict[str, float] = {"lane_vs_main_max_abs": float(np.max(np.abs(
         lane.decode(first)[0] - decoder.decode(first)[0])))}
 
-    def timed(fn: object) -> list[float]:
+    def timed(fn: Callable[[], object]) -> list[float]:
         ms = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             ms.append(1e3 * (time.perf_counter() - t0))
         return ms
 
