@@ -113,6 +113,7 @@ def check_invariants(text: str, out: list[Segment], config: SegmenterConfig) -> 
     # 2: the segments are normalize(text), cut
     whole = normalize(text)
     pos = 0
+    cut_len = 0  # the previous segment's length as cut, before tidy_spaces
     for k, s in enumerate(out):
         assert s.text and s.text == s.text.strip() and "\n" not in s.text and "  " not in s.text
         if k:
@@ -121,7 +122,9 @@ def check_invariants(text: str, out: list[Segment], config: SegmenterConfig) -> 
             else:  # no white space at this cut: only where text has none to give
                 left, right = out[k - 1].text, s.text
                 bare = left.rstrip(CLOSERS) or left
-                back = config.limit(k - 1) - len(left)  # a hard cut moved back by a combining mark
+                # a hard cut moved back by a combining mark; measured on the text
+                # as cut (tidy_spaces may shorten a segment after its cut)
+                back = config.limit(k - 1) - cut_len
                 # the eager first cut (a timer) may fire before the space arrives
                 eager = k == 1 and bare[-1] in ",;!?."
                 assert (eager or _cjk_edge(bare[-1]) or _cjk_edge(right[0]) or back == 0
@@ -131,7 +134,8 @@ def check_invariants(text: str, out: list[Segment], config: SegmenterConfig) -> 
         # tidied away ("launch !" -> "launch!", tidy_spaces)
         for extra in range(len(s.text) + 1):
             if tidy_spaces(whole[pos:pos + len(s.text) + extra]) == s.text:
-                pos += len(s.text) + extra
+                cut_len = len(s.text) + extra
+                pos += cut_len
                 break
         else:
             raise AssertionError((whole, pos, s.text))
