@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 . .venv/bin/activate
-echo "test: ruff"; ruff check rtserver tests bench
+echo "test: ruff"; ruff check rtserver tests
 echo "test: mypy"; mypy rtserver
 echo "test: pytest"
 exec python -m pytest -q -ra --durations=15 "$@"

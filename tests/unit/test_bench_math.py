@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench import report
-from bench.corpus import CORPUS, fragments, llm_tokens, token_offsets, words
-from bench.listener import ListenerConfig, simulate
-from bench.measure import TurnRecord, analyze, completing_send
-from bench.stats import ecdf, percentile, summarize
+from rtserver.bench import report
+from rtserver.bench.corpus import CORPUS, fragments, llm_tokens, token_offsets, words
+from rtserver.bench.listener import ListenerConfig, simulate
+from rtserver.bench.measure import TurnRecord, analyze, completing_send
+from rtserver.bench.stats import ecdf, percentile, summarize
 
 # --- percentiles ---------------------------------------------------------------------
 

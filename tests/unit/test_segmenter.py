@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from bench.corpus import CORPUS, llm_tokens
+from rtserver.bench.corpus import CORPUS, llm_tokens
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
 
 NO_TIMER = SegmenterConfig(first_wait_s=0)

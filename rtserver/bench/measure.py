@@ -42,8 +42,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.listener import ListenerConfig, simulate
-from bench.stats import percentile
+from rtserver.bench.listener import ListenerConfig, simulate
+from rtserver.bench.stats import percentile
 
 # Clause and sentence ends a segmenter may cut after (Latin and CJK).
 BOUNDARY_PUNCTUATION = frozenset(".,;:!?…—–" "。，、；：！？")

@@ -1,14 +1,14 @@
-"""``python -m bench`` / ``rtserver bench``: run load patterns against rtserver
+"""``python -m rtserver.bench`` / ``rtserver bench``: run load patterns against rtserver
 and write results.json (every sample), summary.md and PNG plots.
 
 Examples::
 
-    python -m bench --spawn --load stream --concurrency 1,4,8,16,20,24 \\
+    python -m rtserver.bench --spawn --load stream --concurrency 1,4,8,16,20,24 \\
         --ttfa-p99-ms 150 --baseline --out bench/results/cpu-piper-DATE
-    python -m bench --url ws://127.0.0.1:8765/v1/stream --load bargein \\
+    python -m rtserver.bench --url ws://127.0.0.1:8765/v1/stream --load bargein \\
         --concurrency 4 --duration 20
-    python -m bench --spawn --arrival-rate 2,4,8 --duration 30
-    python -m bench --spawn --ramp 1:24:1 --step-s 5
+    python -m rtserver.bench --spawn --arrival-rate 2,4,8 --duration 30
+    python -m rtserver.bench --spawn --ramp 1:24:1 --step-s 5
 """
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import loads, metrics, plots, report
-from bench.listener import ListenerConfig
-from bench.loads import PATTERNS, LoadConfig, RunState
-from bench.machine import CpuMeter, describe, versions
-from bench.server_proc import SpawnedServer, aget, free_port, http_base, rtserver_command, spawn
-from bench.stats import percentile
+from rtserver.bench import loads, metrics, plots, report
+from rtserver.bench.listener import ListenerConfig
+from rtserver.bench.loads import PATTERNS, LoadConfig, RunState
+from rtserver.bench.machine import CpuMeter, describe, versions
+from rtserver.bench.server_proc import (
+    SpawnedServer,
+    aget,
+    free_port,
+    http_base,
+    rtserver_command,
+    spawn,
+)
+from rtserver.bench.stats import percentile
 from rtserver.client import RtClient
 
 PROGRESS_EVERY_S = 2.0
@@ -54,7 +61,7 @@ def _ramp(text: str) -> tuple[int, int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m rtserver.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="a running server's ws://HOST:PORT/v1/stream")
@@ -96,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-on-fail", action="store_true",
                    help="stop a sweep after the first level that fails the capacity test")
     p.add_argument("--baseline", action="store_true",
-                   help="also run the non-streaming baseline (bench/baseline.py) for the "
+                   help="also run the non-streaming baseline (rtserver/bench/baseline.py) for the "
                    "whole and stream loads")
     p.add_argument("--baseline-only", action="store_true",
                    help="run only the baseline (with --baseline): skips rtserver's loads")
@@ -286,10 +293,10 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                         break
         base_cfgs = [c for c in cfgs if c.pattern in ("whole", "stream")]
         if args.baseline and base_cfgs and not args.arrival_rate and not args.ramp:
-            from bench import baseline
+            from rtserver.bench import baseline
 
             port = free_port()
-            cmd = [sys.executable, "-m", "bench.baseline", "--port", str(port)]
+            cmd = [sys.executable, "-m", "rtserver.bench.baseline", "--port", str(port)]
             if args.voice:
                 cmd += ["--voice", args.voice]
             for s in servers:  # stop rtserver first: the baseline gets the machine alone
@@ -321,7 +328,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": describe(), "versions": versions(), "server": server_desc,
             "voice": args.voice or (ready.default_voice or ready.voices[0]),
-            "command": "python -m bench " + shlex.join(argv), "notes": args.note}
+            "command": "python -m rtserver.bench " + shlex.join(argv), "notes": args.note}
     return {"meta": meta, "config": config, "steps": steps, "samples": samples}
 
 

@@ -1,6 +1,6 @@
 """The naive non-streaming baseline: how most HTTP TTS answers.
 
-The server (``python -m bench.baseline --port P --voice V``) loads the same
+The server (``python -m rtserver.bench.baseline --port P --voice V``) loads the same
 voice as rtserver, through the same registry and synthesis pool, and answers
 ``POST /v1/tts`` (body: the reply's text, UTF-8) only once the *whole* text
 is synthesized, with one WAV file (16-bit PCM at the voice's rate). It never
@@ -9,7 +9,7 @@ sees partial text: the client must have the LLM's whole reply first.
 The client side (``run_baseline_turn``) uses the same turn plans as the
 streaming loads: fragments are "produced" on the same schedule, collected,
 and posted when the last one is there. It is measured with the same rules as
-rtserver (``bench.measure``): the baseline's only segment is the whole text,
+rtserver (``rtserver.bench.measure``): the baseline's only segment is the whole text,
 so its TTFA is from the last fragment to the first byte of audio;
 ``ttfa_first_text_ms`` is from the first fragment, the user's wait. The WAV
 body, read as it arrives, feeds the same simulated listener.
@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from bench.loads import LoadConfig, RunState, Sample, TurnPlan, listening_pause, plan_turn
-from bench.measure import TurnRecord, analyze
+from rtserver.bench.loads import LoadConfig, RunState, Sample, TurnPlan, listening_pause, plan_turn
+from rtserver.bench.measure import TurnRecord, analyze
 
 _ids = itertools.count()
 MAX_BODY = 1 << 20  # 1 MiB of text is far beyond any chat reply
@@ -139,7 +139,7 @@ async def serve(host: str, port: int, voice_spec: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.baseline", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m rtserver.bench.baseline", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--voice", default=None)
@@ -198,7 +198,7 @@ class BaselineConnection:
 
 async def run_baseline_turn(conn: BaselineConnection, plan: TurnPlan, cfg: LoadConfig
                             ) -> Sample:
-    """The same turn as ``bench.loads.run_turn``, answered the non-streaming way."""
+    """The same turn as ``rtserver.bench.loads.run_turn``, answered the non-streaming way."""
     clock = conn.clock
     began = clock()
     text_sent: list[tuple[float, int, int]] = []
@@ -247,7 +247,7 @@ async def run_baseline_turn(conn: BaselineConnection, plan: TurnPlan, cfg: LoadC
 async def closed_loop(base_url: str, cfg: LoadConfig, users: int, duration_s: float,
                       seed: str, state: RunState) -> None:
     """``users`` users posting turns back to back until ``duration_s`` from now
-    (the same plans, seeded the same way, as ``bench.loads.closed_loop``)."""
+    (the same plans, seeded the same way, as ``rtserver.bench.loads.closed_loop``)."""
     clock = state.clock
     stop_at = clock() + duration_s
     kind = "whole" if cfg.pattern == "whole" else "stream"

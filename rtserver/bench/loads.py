@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.corpus import Utterance, fragments, select, token_offsets
-from bench.listener import ListenerConfig
-from bench.measure import TurnRecord, analyze
+from rtserver.bench.corpus import Utterance, fragments, select, token_offsets
+from rtserver.bench.listener import ListenerConfig
+from rtserver.bench.measure import TurnRecord, analyze
 from rtserver.client import (
     AudioFrames,
     ConnectionLost,

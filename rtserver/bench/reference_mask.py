@@ -6,7 +6,7 @@ logits processor applies the same Orpheus layout to *every* request: output
 position ``i`` samples an audio token of slot ``i % 7``, and end of speech is
 allowed at frame boundaries. With random weights both sides then emit audio
 tokens at the same per-token cost. Loaded by vLLM's worker by name:
-``logits_processors=["bench.reference_mask:AudioOnlyMask"]``.
+``logits_processors=["rtserver.bench.reference_mask:AudioOnlyMask"]``.
 
 Two differences from rtserver's ``AUDIO_MASK``, both so that the reference's
 own decoder does not trip over random codes (it would on real weights too,

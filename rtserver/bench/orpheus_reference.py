@@ -3,8 +3,8 @@
 This runs Canopy Labs' own streaming path, ``orpheus_tts.OrpheusModel.
 generate_speech`` (PyPI package ``orpheus-speech``, which pulls ``vllm`` and
 ``snac``), unmodified, on the same GPU and weights as rtserver's Orpheus
-voice, and writes results in the same schema as ``python -m bench``
-(``system = "orpheus-reference"``), so ``bench.report`` puts them side by
+voice, and writes results in the same schema as ``python -m rtserver.bench``
+(``system = "orpheus-reference"``), so ``rtserver.bench.report`` puts them side by
 side. It does not run here (no GPU, no vLLM): another step runs it on the
 GPU host; nothing in this module produces a figure without running the
 reference.
@@ -22,8 +22,8 @@ What is adapted, and only this (the reference's own methods run unchanged):
   (``OrpheusModel(model_name, dtype)``); then a subclass overrides only
   ``_setup_engine`` to add them. With random weights the model emits
   arbitrary tokens, which the reference decoder drops; pass the audio-token
-  constraint (``bench.reference_mask``, a vLLM logits processor applied to
-  every request: ``--engine-arg logits_processors='["bench.reference_mask:
+  constraint (``rtserver.bench.reference_mask``, a vLLM logits processor applied to
+  every request: ``--engine-arg logits_processors='["rtserver.bench.reference_mask:
   AudioOnlyMask"]'``) so both sides emit audio tokens at the same per-token
   cost, and say so in the report.
 - vLLM 0.26 has only the V1 engine (``AsyncLLMEngine`` is ``AsyncLLM``), and
@@ -59,7 +59,7 @@ back to back (its API is a blocking generator with a thread per request).
 
 Usage on the GPU host::
 
-    python -m bench.orpheus_reference --model-dir M --snac-dir S \\
+    python -m rtserver.bench.orpheus_reference --model-dir M --snac-dir S \\
         --engine-arg load_format='"dummy"' --concurrency 1,16,64 --duration 30 \\
         --out bench/results/gpu-orpheus-reference-DATE
 """
@@ -81,11 +81,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench import report
-from bench.corpus import select
-from bench.listener import ListenerConfig
-from bench.machine import describe, versions
-from bench.measure import TurnRecord, analyze
+from rtserver.bench import report
+from rtserver.bench.corpus import select
+from rtserver.bench.listener import ListenerConfig
+from rtserver.bench.machine import describe, versions
+from rtserver.bench.measure import TurnRecord, analyze
 
 SNAC_HUB_ID = "hubertsiuzdak/snac_24khz"
 REFERENCE_RATE = 24000
@@ -348,7 +348,8 @@ def _engine_arg(text: str) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m bench.orpheus_reference", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m rtserver.bench.orpheus_reference",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, help="Orpheus HF folder (weights or, with "
                    "load_format dummy, config + tokenizer)")
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             "meta": {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                      "machine": describe(), "versions": versions(),
                      "server": "orpheus_tts.OrpheusModel (reference streaming code)",
-                     "voice": args.voice, "command": "python -m bench.orpheus_reference " +
+                     "voice": args.voice, "command": "python -m rtserver.bench.orpheus_reference " +
                      " ".join(argv), "notes": args.note},
             "config": {"seed": args.seed, "duration_s": args.duration, "fragment": "whole",
                        "tokens_per_s": 0.0, "jitter": 0.0, "format": "pcm_s16le",

@@ -1,6 +1,6 @@
 """Merge several runs' results.json into one report (``summary.md``, plots).
 
-    python -m bench.merge --out bench/results/cpu-piper-DATE \\
+    python -m rtserver.bench.merge --out bench/results/cpu-piper-DATE \\
         bench/results/cpu-piper-DATE/sweep bench/results/cpu-piper-DATE/bargein
 
 Samples keep their labels (system, run, load, level); each run's command,
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import write_outputs
+from rtserver.bench.__main__ import write_outputs
 
 
 def merge(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def merge(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.merge", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m rtserver.bench.merge", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ttfa-p99-ms", type=float, default=None,

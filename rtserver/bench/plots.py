@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import Row, group_key
-from bench.stats import ecdf
+from rtserver.bench.report import Row, group_key
+from rtserver.bench.stats import ecdf
 
 Sample = dict[str, Any]
 

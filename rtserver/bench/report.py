@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.stats import summarize
+from rtserver.bench.stats import summarize
 
 Sample = dict[str, Any]
 GroupKey = tuple[str, str, str, float]  # (system, run, load, level)
@@ -163,7 +163,7 @@ def _run_lines(meta: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     runs = meta.get("runs")
     if not runs:
         return [f"- Command: `{meta['command']}`", f"- {_config_line(cfg).capitalize()}"]
-    lines = ["- Runs (merged with `python -m bench.merge`):"]
+    lines = ["- Runs (merged with `python -m rtserver.bench.merge`):"]
     for r in runs:
         lines.append(f"  - {r['name']} ({r['date']}): `{r['command']}`; "
                      f"{_config_line(r['config'])}")
@@ -238,7 +238,7 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
         lines.append("")
     lines += ["## Real time", "",
               "A simulated listener buffers the server's `buffer.prebuffer_ms`, then plays in "
-              "real time (bench/listener.py).", ""]
+              "real time (rtserver/bench/listener.py).", ""]
     for (system, run, load), rs in by_load.items():
         lines += [f"### {system}, {run}, {load}", ""]
         lines += _table(
@@ -274,7 +274,8 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
         lines += ["## Non-streaming baseline vs rtserver", "",
                   "Baseline: the same voice behind a plain HTTP endpoint that synthesizes the "
                   "whole reply once all of it has arrived and answers one WAV "
-                  "(bench/baseline.py). Ratio = baseline / rtserver at the same level.", ""]
+                  "(rtserver/bench/baseline.py). Ratio = baseline / rtserver at the same "
+                  "level.", ""]
         lines += _table(["load", "level", "TTFA p50 ms (base / rt)", "ratio",
                          "first-text p50 ms (base / rt)", "ratio", "p95 first-text ratio"],
                         ratio_lines)
@@ -316,10 +317,10 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
                          "rtf p50", "rtf p99", "contexts", "errors"], server_rows)
         lines.append("")
     lines += ["## Definitions", "",
-              "See bench/measure.py (which send completes the first segment: the fragment "
+              "See rtserver/bench/measure.py (which send completes the first segment: the fragment "
               "carrying its last punctuation, else the `flush`/`end` after it; look-ahead "
-              "waits count against the server), bench/listener.py (the listener) and "
-              "bench/README.md.", ""]
+              "waits count against the server), rtserver/bench/listener.py (the listener) and "
+              "rtserver/bench/README.md.", ""]
     return "\n".join(lines)
 
 
