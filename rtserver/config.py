@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rtserver.audio.opus import OpusConfig
+from rtserver.cache import CacheConfig
 from rtserver.errors import ConfigError
 from rtserver.pacing.hints import HintConfig
 from rtserver.text.segmenter import SegmenterConfig
@@ -79,6 +80,8 @@ class Config:
     opus: OpusConfig = field(default_factory=OpusConfig)
     # The vLLM Orpheus family (model and SNAC folders, engine and sampling settings).
     orpheus: OrpheusConfig = field(default_factory=OrpheusConfig)
+    # The phrase cache of the HTTP speech API (rtserver/cache.py).
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
