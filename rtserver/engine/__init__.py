@@ -5,21 +5,31 @@ imports nothing heavy; ``vllm_engine`` needs vLLM (and torch).
 """
 
 from rtserver.engine.base import (
+    CodeDelta,
     CyclicTokenMask,
     EngineCollector,
     EngineStats,
+    HiddenStates,
     HistogramData,
+    MultiCodebookEngine,
+    PromptEmbedding,
     SamplingSettings,
+    SingleCodebookEngine,
     TokenEngine,
     TokenRequest,
 )
 
 __all__ = [
+    "CodeDelta",
     "CyclicTokenMask",
     "EngineCollector",
     "EngineStats",
+    "HiddenStates",
     "HistogramData",
+    "MultiCodebookEngine",
+    "PromptEmbedding",
     "SamplingSettings",
+    "SingleCodebookEngine",
     "TokenEngine",
     "TokenRequest",
 ]

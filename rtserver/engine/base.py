@@ -1,18 +1,24 @@
 """The token engine seam: what a voice asks of the LM that writes its codec tokens.
 
-One interface for the vLLM engine and rtserver's own torch engine; the voice
-does not know which runs it. Requests and stats are frozen values; ``generate``
-streams deltas of token ids as they are sampled. Closing or cancelling the
-consumer of ``generate`` aborts the request in the engine (its KV cache is
+One interface for every engine (vLLM today; a torch engine for ChatTTS is in
+progress); the voice does not know which runs it. Requests and stats are frozen
+values; ``generate`` streams deltas as they are sampled. Closing or cancelling
+the consumer of ``generate`` aborts the request in the engine (its KV cache is
 freed at once); ``abort`` does the same from outside.
+
+The delta type is the engine's parameter: a single-codebook model (Orpheus: one
+id per step) yields the ids as they come (``Sequence[int]``, vLLM's own list,
+not copied: ``SingleCodebookEngine``); a multi-codebook model (ChatTTS: several
+ids per step, and the LM's hidden state the decoder reads) yields ``CodeDelta``
+(``MultiCodebookEngine``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -65,10 +71,25 @@ class CyclicTokenMask:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptEmbedding:
+    """A vector the engine puts in place of the input embedding wherever the
+    prompt holds ``token_id`` (ChatTTS' ``[spk_emb]`` speaker token). Its length
+    is the model's hidden size; the engine checks it."""
+
+    token_id: int
+    vector: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenRequest:
     """One generation. ``priority``: lower runs first (vLLM's convention); a
     context's first segment gets 0, later ones 1, so TTFA is not queued behind
-    audio that is only needed later."""
+    audio that is only needed later.
+
+    Multi-codebook engines: ``stop_token_ids`` apply to the first codebook;
+    ``want_hidden`` asks for the hidden state of each step in ``CodeDelta``;
+    ``embeddings`` replace prompt positions. Engines that do not support a
+    field that is set fail the request with ``EngineFailed``."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -77,6 +98,45 @@ class TokenRequest:
     stop_token_ids: tuple[int, ...] = ()
     priority: int = 0
     mask: CyclicTokenMask | None = None
+    want_hidden: bool = False
+    embeddings: tuple[PromptEmbedding, ...] = ()
+
+
+class HiddenStates(Protocol):
+    """An array of hidden states, ``[steps, hidden]`` (a torch tensor on the
+    model's device, or a numpy array); the seam only reads its shape."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+H = TypeVar("H", bound=HiddenStates)
+
+
+@dataclass(frozen=True, slots=True)
+class CodeDelta(Generic[H]):
+    """New steps of a multi-codebook request: ``codes[i]`` holds step i's ids,
+    one per codebook (the same count every step); ``hidden``, when the request
+    set ``want_hidden``, the LM's hidden state of those steps (``[steps, hidden]``,
+    row i for step i), else None."""
+
+    codes: tuple[tuple[int, ...], ...]
+    hidden: H | None = None
+
+    def __post_init__(self) -> None:
+        if not self.codes:
+            raise ValueError("a CodeDelta carries at least one step")
+        width = len(self.codes[0])
+        if width == 0 or any(len(step) != width for step in self.codes):
+            raise ValueError(f"every step carries the same number (>= 1) of codes: "
+                             f"{[len(step) for step in self.codes]}")
+        if self.hidden is not None and self.hidden.shape[0] != len(self.codes):
+            raise ValueError(f"hidden has {self.hidden.shape[0]} rows for "
+                             f"{len(self.codes)} steps")
+
+    @property
+    def codebooks(self) -> int:
+        return len(self.codes[0])
 
 
 # Time-to-first-token histogram buckets, seconds (dense where the goals are:
@@ -151,19 +211,23 @@ class EngineStats:
     t28: HistogramData = field(default_factory=lambda: HistogramAccumulator().snapshot())
 
 
-class TokenEngine(Protocol):
-    """A served LM producing token ids for many requests at once."""
+D_co = TypeVar("D_co", covariant=True)
+
+
+class TokenEngine(Protocol[D_co]):
+    """A served LM producing codes for many requests at once; ``D_co`` is what
+    one delta of ``generate`` carries."""
 
     async def start(self) -> None:
         """Load the model; returns once requests can be served."""
         ...
 
-    def generate(self, request: TokenRequest) -> AsyncIterator[Sequence[int]]:
-        """Stream the new token ids of ``request`` as they are sampled.
+    def generate(self, request: TokenRequest) -> AsyncGenerator[D_co, None]:
+        """Stream the new steps of ``request`` as they are sampled.
 
-        Ends after a stop token (included) or ``max_tokens``. Closing the
-        iterator or cancelling its consumer aborts the request. A failure of
-        this request raises ``rtserver.errors.EngineFailed``.
+        Ends after a stop token (included) or ``max_tokens`` steps. Closing
+        the iterator or cancelling its consumer aborts the request. A failure
+        of this request raises ``rtserver.errors.EngineFailed``.
         """
         ...
 
@@ -174,6 +238,12 @@ class TokenEngine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def close(self) -> None: ...
+
+
+# One id per step (Orpheus on vLLM): deltas are the engine's own id sequences.
+SingleCodebookEngine = TokenEngine[Sequence[int]]
+# Several ids per step and, on request, hidden states (ChatTTS).
+MultiCodebookEngine = TokenEngine[CodeDelta[H]]
 
 
 class EngineCollector(Collector):

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -350,7 +350,7 @@ class VllmEngine:
             skip_special_tokens=False,
         )
 
-    async def generate(self, request: TokenRequest) -> AsyncIterator[Sequence[int]]:
+    async def generate(self, request: TokenRequest) -> AsyncGenerator[Sequence[int], None]:
         llm = self._llm
         if llm is None:
             raise EngineFailed("the vLLM engine is not started")

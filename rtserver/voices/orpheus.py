@@ -39,7 +39,7 @@ from rtserver.audio.pcm import PcmChunk
 from rtserver.engine.base import (
     CyclicTokenMask,
     SamplingSettings,
-    TokenEngine,
+    SingleCodebookEngine,
     TokenRequest,
 )
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
@@ -125,7 +125,7 @@ class VocoderLike(Protocol):
 class OrpheusRuntime:
     """The shared parts: token engine, SNAC vocoder, tokenizer."""
 
-    def __init__(self, config: OrpheusConfig, engine: TokenEngine, vocoder: VocoderLike,
+    def __init__(self, config: OrpheusConfig, engine: SingleCodebookEngine, vocoder: VocoderLike,
                  tokenizer: Tokenizer, *, max_model_len: int,
                  temp_dir: str | None = None) -> None:
         self.config = config
@@ -262,7 +262,7 @@ class OrpheusVoice:
         stream: VocoderStreamLike = self._rt.vocoder.open_stream()
         try:
             tokens = self._rt.engine.generate(treq)
-            async with contextlib.aclosing(tokens):  # type: ignore[type-var]
+            async with contextlib.aclosing(tokens):
                 async for delta in tokens:
                     try:
                         complete = frames.feed(delta)

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator
+
+import numpy as np
+import numpy.typing as npt
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rtserver.engine.base import EngineCollector, EngineStats, HistogramAccumulator
+from rtserver.engine.base import (
+    CodeDelta,
+    EngineCollector,
+    EngineStats,
+    HistogramAccumulator,
+    MultiCodebookEngine,
+    PromptEmbedding,
+    TokenRequest,
+)
 
 
 def test_histogram_buckets_and_cumulative_counts() -> None:
@@ -51,3 +65,58 @@ def test_collector_exposes_time_to_7_and_28_tokens() -> None:
     assert 'rtserver_engine_time_to_28_tokens_seconds_bucket{engine="vllm",le="0.2"} 1.0' in text
     assert 'rtserver_engine_time_to_28_tokens_seconds_count{engine="vllm"} 2.0' in text
     assert 'rtserver_engine_time_to_28_tokens_seconds_sum{engine="vllm"} 0.41' in text
+
+
+def test_code_delta_holds_steps_of_equal_width_and_matching_hidden_rows() -> None:
+    hidden = np.zeros((2, 8), dtype=np.float32)
+    delta = CodeDelta(codes=((1, 2, 3, 4), (5, 6, 7, 8)), hidden=hidden)
+    assert delta.codebooks == 4 and delta.hidden is hidden  # no copy of the array
+    assert CodeDelta(codes=((9,),)).hidden is None
+    with pytest.raises(ValueError, match="same number"):
+        CodeDelta(codes=((1, 2), (3,)))
+    with pytest.raises(ValueError, match="at least one step"):
+        CodeDelta(codes=())
+    with pytest.raises(ValueError, match="3 rows for 2 steps"):
+        CodeDelta(codes=((1,), (2,)), hidden=np.zeros((3, 8)))
+
+
+async def test_a_multi_codebook_engine_streams_code_deltas_through_the_protocol() -> None:
+    class FakeMultiEngine:
+        """Four codebooks, two steps per delta, hidden states on request."""
+
+        def __init__(self) -> None:
+            self.aborted: list[str] = []
+
+        async def start(self) -> None:
+            return None
+
+        async def generate(self, request: TokenRequest
+                           ) -> AsyncGenerator[CodeDelta[npt.NDArray[np.float32]], None]:
+            try:
+                for step in range(0, request.max_tokens, 2):
+                    rows = ((step, 1, 2, 3), (step + 1, 1, 2, 3))
+                    yield CodeDelta(rows, np.ones((2, 4), np.float32)
+                                    if request.want_hidden else None)
+            finally:
+                self.aborted.append(request.request_id)
+
+        async def abort(self, request_id: str) -> None:
+            self.aborted.append(request_id)
+
+        def stats(self) -> EngineStats:
+            return EngineStats()
+
+        async def close(self) -> None:
+            return None
+
+    engine: MultiCodebookEngine[npt.NDArray[np.float32]] = FakeMultiEngine()
+    request = TokenRequest("r1", (1, 2), max_tokens=8, want_hidden=True,
+                           embeddings=(PromptEmbedding(7, (0.5,) * 4),))
+    firsts: list[int] = []
+    async with contextlib.aclosing(engine.generate(request)) as stream:
+        async for delta in stream:
+            assert delta.hidden is not None and delta.hidden.shape == (2, 4)
+            firsts += [codes[0] for codes in delta.codes]
+            if len(firsts) == 4:
+                break  # the consumer stops early: closing ends the request
+    assert firsts == [0, 1, 2, 3]
