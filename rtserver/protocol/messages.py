@@ -1,14 +1,19 @@
 """Typed, frozen messages of protocol version 1 (PROTOCOL.md, Messages).
 
 ``parse_client_message`` turns one JSON text frame into a client message or
-raises ``BadMessage``; ``encode_server_message`` turns a server message into
-the JSON text frame. Field limits that depend on configuration (text length,
-context count) are checked by the session, not here.
+raises ``BadMessage`` (for every input: numbers Python will not convert,
+nesting deeper than the parser's recursion limit, escaped lone surrogates,
+``NaN``); ``encode_server_message`` turns a server message into the JSON text
+frame, always valid UTF-8 JSON. Field limits that depend on configuration
+(text length, context count) are checked by the session, not here. Client
+strings quoted in error messages go through ``echo`` (short, escaped).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -143,12 +148,44 @@ class ErrorMessage:
 ServerMessage = Ready | Started | SegmentStarted | BufferHint | Done | Cancelled | ErrorMessage
 
 
+# A code point UTF-8 cannot encode: a surrogate not paired by the JSON decoder.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A JSON escape that may decode to one (a false match only costs a check).
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+ECHO_CHARS = 40  # client text quoted in an error message, at most
+
+
+def echo(value: object) -> str:
+    """``value`` as an error message may quote it: repr-escaped (no lone
+    surrogate or control character survives) and cut to ``ECHO_CHARS``."""
+    text = value if isinstance(value, str) else type(value).__name__
+    if len(text) > ECHO_CHARS:
+        text = text[:ECHO_CHARS] + "..."
+    return ascii(text)
+
+
+def _clean(value: Any) -> Any:
+    """What JSON and UTF-8 can carry: non-finite floats become None (left
+    out), lone surrogates U+FFFD."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {k: c for k, v in value.items() if (c := _clean(v)) is not None}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
 def encode_server_message(message: ServerMessage) -> str:
-    """JSON text frame for ``message``; ``None`` optional fields are left out."""
-    body = {k: v for k, v in asdict(message).items() if v is not None}
+    """JSON text frame for ``message``; ``None`` optional fields are left out.
+    Never raises for a well-typed message and always returns text that encodes
+    as UTF-8: a non-finite float is left out, a lone surrogate becomes U+FFFD."""
+    body = _clean(asdict(message))
     if isinstance(message, SegmentStarted):
         body["source"] = list(message.source)
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 # --- parsing ----------------------------------------------------------------
@@ -180,12 +217,46 @@ def _context(obj: dict[str, Any]) -> str:
     return ctx
 
 
+def _reject_constant(name: str) -> Any:
+    raise BadMessage(f"not JSON: {name} is not a JSON number")
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    """Any string (key or value, at any depth) holding a lone surrogate.
+    Iterative: the depth is whatever the decoder allowed."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _load(data: str) -> Any:
+    if _SURROGATE.search(data):  # a transport that passes undecodable text
+        raise BadMessage("not JSON: the text holds a lone surrogate")
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BadMessage(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    except RecursionError:
+        raise BadMessage("not JSON: nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit (sys.int_info)
+        raise BadMessage("not JSON: a number is too long") from None
+    if _ESCAPED_SURROGATE.search(data) and _has_lone_surrogate(obj):
+        raise BadMessage("a string holds an escaped lone surrogate (not Unicode text)")
+    return obj
+
+
 def parse_client_message(data: str) -> ClientMessage:
     """Parse one text frame; raise ``BadMessage`` naming what is wrong."""
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise BadMessage(f"not JSON: {exc}") from None
+    obj = _load(data)
     if not isinstance(obj, dict):
         raise BadMessage("a message must be a JSON object")
     kind = obj.get("type")
@@ -209,7 +280,12 @@ def parse_client_message(data: str) -> ClientMessage:
         return Cancel(context=_context(obj))
     if kind == "played":
         ms = _field(obj, "audio_ms", (int, float))
-        if ms < 0:
-            raise BadMessage("'audio_ms' must be >= 0", context=_context_of(obj))
-        return Played(context=_context(obj), audio_ms=float(ms))
-    raise BadMessage(f"unknown message type '{kind}'", context=_context_of(obj))
+        try:
+            audio_ms = float(ms)
+        except OverflowError:  # an int too large for a float
+            audio_ms = math.inf
+        if not (math.isfinite(audio_ms) and audio_ms >= 0):
+            raise BadMessage("'audio_ms' must be a finite number >= 0",
+                             context=_context_of(obj))
+        return Played(context=_context(obj), audio_ms=audio_ms)
+    raise BadMessage(f"unknown message type {echo(kind)}", context=_context_of(obj))

@@ -44,6 +44,7 @@ from rtserver.protocol.messages import (
     ServerMessage,
     Start,
     Text,
+    echo,
     parse_client_message,
 )
 
@@ -239,7 +240,7 @@ class Session:
         name = self._aliases.get(requested, requested)
         if name not in self._voices:
             raise UnknownVoice(
-                f"unknown voice '{requested}'; GET /v1/voices lists them", context=ctx)
+                f"unknown voice {echo(requested)}; GET /v1/voices lists them", context=ctx)
         return name
 
     def _allocate_stream(self) -> int:
