@@ -27,7 +27,6 @@ do no I/O and are tested on their own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import time
@@ -649,10 +648,17 @@ class RtClient:
         return await ctx.collect(decode=decode)
 
     async def close(self) -> None:
-        """Close the connection normally (1000) and stop the reader."""
-        await self.ws.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        """Close the connection normally (1000) and wait for the reader to end.
+        Cancelling the caller cancels the reader too and propagates: the
+        caller's cancellation is never swallowed."""
+        try:
+            await self.ws.close()
+            await asyncio.wait([self._reader])  # raises only our own cancellation
+        except BaseException:
+            self._reader.cancel()
+            raise
+        if not self._reader.cancelled() and (exc := self._reader.exception()) is not None:
+            raise exc
 
     # --- internals ----------------------------------------------------------------------
 
