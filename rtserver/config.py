@@ -54,8 +54,67 @@ class ServerConfig:
     # Threads that encode Opus for all connections; 0: one per core, at most 8.
     encode_threads: int = 0
     ping_interval_s: float = 20.0
+    # A connection with no open context that sends nothing for this long is
+    # closed (1000, "idle"); 0 keeps it open (pings still detect dead peers).
+    idle_timeout_s: float = 600.0
+    # Control messages (JSON) queued for a connection and not yet sent: past
+    # this the client floods faster than it reads, and gets 1008. 256 holds
+    # every reply of 8 contexts' worth of segments and hints many times over.
+    max_queued_messages: int = 256
+    # Messages a connection may send per second, with bursts of
+    # ``message_burst``; past them its reader waits (TCP pushes back), so one
+    # connection's flood cannot take the event loop. 1,000/s: 8 contexts of
+    # LLM tokens at ~100 tokens/s each, with room to spare.
+    messages_per_s: float = 1000.0
+    message_burst: int = 2000
+    # File descriptors beyond max_connections (voices, engine, logs, pools);
+    # the process raises its soft limit to max_connections + this at start.
+    fd_margin: int = 256
     web_root: str = ""  # empty: the packaged web_demo/ folder
     log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Admission, circuit breakers and browser tokens (rtserver/server/
+    admission.py, breaker.py, tokens.py).
+
+    Rates are per API key (per client address without keys; a browser token
+    counts against the key that minted it). Each bucket holds one minute's
+    worth, so a client may burst that much and then goes at the rate; 0 turns
+    a limit off. Defaults sit far above one well-behaved client: a stream
+    speaks about 15 characters a second (900 a minute).
+    """
+
+    connections_per_minute: float = 600.0
+    contexts_per_minute: float = 3000.0
+    chars_per_minute: float = 200_000.0
+    # Buckets kept (least recently used go first), which bounds their memory.
+    rate_keys: int = 10_000
+    # A new context is refused with `overloaded` when its predicted time to
+    # first heard audio (TTFA + the prebuffer its hint will ask for, at the
+    # load with it added and the measured r) exceeds this; 0 turns it off.
+    # 3 s: far above the goals (150 ms for Piper on 2 cores, DESIGN.md), so it
+    # only refuses work the voice cannot take without its streams underrunning.
+    first_heard_target_ms: float = 3000.0
+    # Bounds of the retry_after_ms sent with `overloaded`.
+    retry_min_ms: int = 250
+    retry_max_ms: int = 10_000
+    # Circuit breaker per voice: after this many failed contexts in a row, new
+    # contexts fail fast with `engine_failed` for ``breaker_cooldown_s``, then
+    # one probe is let through; each failed probe doubles the cool-down, up to
+    # ``breaker_max_cooldown_s``.
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 5.0
+    breaker_max_cooldown_s: float = 60.0
+    # HMAC key for browser tokens (POST /v1/tokens); empty: a random key made
+    # at start, so tokens are valid for this process only (set it when several
+    # processes serve one address).
+    token_secret: str = ""
+    token_ttl_s: float = 300.0
+    token_max_ttl_s: float = 3600.0
+    # /metrics asks for an API key too (when keys are set).
+    metrics_need_key: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +133,7 @@ class VoiceConfig:
 @dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     hints: HintConfig = field(default_factory=HintConfig)
@@ -232,3 +292,19 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     if s.overload_after_s <= 0:
         raise ConfigError("server.overload_after_s must be > 0")
+    for name in ("max_queued_messages", "messages_per_s", "message_burst"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"server.{name} must be > 0")
+    a = config.admission
+    for name in ("connections_per_minute", "contexts_per_minute", "chars_per_minute",
+                 "first_heard_target_ms"):
+        if getattr(a, name) < 0:
+            raise ConfigError(f"admission.{name} must be >= 0 (0 turns it off)")
+    if a.rate_keys < 1 or a.breaker_failures < 1:
+        raise ConfigError("admission.rate_keys and admission.breaker_failures must be >= 1")
+    if not 0 < a.breaker_cooldown_s <= a.breaker_max_cooldown_s:
+        raise ConfigError("admission: 0 < breaker_cooldown_s <= breaker_max_cooldown_s")
+    if not 0 < a.token_ttl_s <= a.token_max_ttl_s:
+        raise ConfigError("admission: 0 < token_ttl_s <= token_max_ttl_s")
+    if not 0 <= a.retry_min_ms <= a.retry_max_ms:
+        raise ConfigError("admission: 0 <= retry_min_ms <= retry_max_ms")

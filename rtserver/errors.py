@@ -30,6 +30,7 @@ class CloseCode:
 
     NORMAL = 1000
     GOING_AWAY = 1001
+    INVALID_DATA = 1007
     POLICY = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL = 1011
@@ -79,6 +80,9 @@ class UnknownVoice(RtError):
 
 
 class RateLimited(RtError):
+    """A per-key (or per-address) token bucket is empty; ``retry_after_ms`` says
+    when it holds enough again. Nothing else is affected."""
+
     code = ErrorCode.RATE_LIMITED
 
 
@@ -89,10 +93,30 @@ class Overloaded(RtError):
     close_code = CloseCode.TRY_AGAIN_LATER
 
 
+class Busy(RtError):
+    """A new context is refused (the server drains, or admitting it would miss
+    the first-heard-audio target); the connection and its contexts go on."""
+
+    code = ErrorCode.OVERLOADED
+
+
+class ControlFlood(RtError):
+    """The client sent messages faster than it reads their replies, or faster
+    than the per-connection message rate: error, then 1008."""
+
+    code = ErrorCode.RATE_LIMITED
+    close_code = CloseCode.POLICY
+
+
 class EngineFailed(RtError):
     """The voice or engine failed for one context; other contexts go on."""
 
     code = ErrorCode.ENGINE_FAILED
+
+
+class EngineUnavailable(EngineFailed):
+    """The voice's circuit breaker is open (or its engine is dead): new contexts
+    fail fast; ``retry_after_ms`` when a probe will be let through."""
 
 
 class InternalError(RtError):

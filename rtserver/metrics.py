@@ -17,6 +17,12 @@ FIRST_AUDIO_STAGES = (
     "encode",  # -> the first frames are resampled, encoded and queued
     "send",  # -> the first frame is handed to the socket
 )
+# First heard audio, ms: the goals are 90-250 ms (DESIGN.md), overload seconds.
+FIRST_HEARD_BUCKETS_MS = (25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 750, 1000, 1500,
+                          2000, 3000, 5000, 10000)
+# Why a connection, context or message was refused (rtserver_rejected_total).
+REJECT_REASONS = ("rate_limited", "overloaded", "draining", "breaker_open", "origin",
+                  "unauthorized", "max_connections", "control_flood")
 RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
@@ -49,6 +55,19 @@ class Metrics:
                                                           10000), registry=r)
         self.queued_ms = Gauge("rtserver_send_queue_audio_ms",
                                "Audio queued in all send queues now, ms", registry=r)
+        self.rejected = Counter(
+            "rtserver_rejected_total", "Connections, contexts and messages refused, by reason",
+            ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        self.engine_up = Gauge("rtserver_engine_up",
+                               "1 while a voice's engine serves, 0 down or breaker open",
+                               ["voice"], registry=r)
+        self.first_heard_ms = Histogram(
+            "rtserver_first_heard_ms",
+            "Time to first heard audio per context, server-side estimate: TTFA + the "
+            "prebuffer hint of its first audio, ms", ["voice"],
+            buckets=FIRST_HEARD_BUCKETS_MS, registry=r)
 
     def observe_rtf(self, voice: str, rtf: float) -> None:
         self.rtf.labels(voice).observe(rtf)

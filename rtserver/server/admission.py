@@ -1,0 +1,165 @@
+"""Admission, pure (no asyncio, no sockets; ``now`` is always passed in).
+
+- ``TokenBucket``: a rate with bursts; ``take`` answers how long to wait.
+- ``RateLimits``: per API key (or client address) buckets for connections,
+  contexts and characters per minute; a refusal raises ``RateLimited`` with
+  ``retry_after_ms``.
+- ``predicted_first_heard_ms`` and ``LoadAdmission``: a new context is refused
+  with ``overloaded`` (``Busy``) when its predicted time to first heard audio
+  (TTFA plus the prebuffer its hint asks for, planned with the r measured at
+  the load with it added) would miss the configured target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from rtserver.config import AdmissionConfig
+from rtserver.errors import Busy, RateLimited
+from rtserver.pacing.hints import planned_arrivals, prebuffer_ms
+
+
+class TokenBucket:
+    """``capacity`` tokens, refilled at ``per_s`` a second.
+
+    ``take(n, now)`` takes ``n`` tokens and answers 0.0, or takes nothing and
+    answers the seconds until it could. A request larger than the bucket is
+    served when the bucket is full and leaves it in debt (so it is slowed,
+    never refused for ever)."""
+
+    __slots__ = ("at", "capacity", "level", "per_s")
+
+    def __init__(self, per_s: float, capacity: float, now: float) -> None:
+        if not (per_s > 0 and capacity > 0):
+            raise ValueError("per_s and capacity must be > 0")
+        self.per_s = per_s
+        self.capacity = capacity
+        self.level = capacity
+        self.at = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.at:
+            self.level = min(self.capacity, self.level + (now - self.at) * self.per_s)
+            self.at = now
+
+    def take(self, n: float, now: float) -> float:
+        self._refill(now)
+        need = min(n, self.capacity)
+        if self.level >= need:
+            self.level -= n
+            return 0.0
+        return (need - self.level) / self.per_s
+
+    def full(self, now: float) -> bool:
+        self._refill(now)
+        return self.level >= self.capacity
+
+
+def retry_ms(wait_s: float) -> int:
+    """A wait in seconds as a ``retry_after_ms`` (rounded up, at least 1)."""
+    return max(1, math.ceil(wait_s * 1000.0))
+
+
+class _Buckets:
+    __slots__ = ("chars", "connections", "contexts")
+
+    def __init__(self, config: AdmissionConfig, now: float) -> None:
+        def bucket(per_minute: float) -> TokenBucket | None:
+            return TokenBucket(per_minute / 60.0, per_minute, now) if per_minute > 0 else None
+        self.connections = bucket(config.connections_per_minute)
+        self.contexts = bucket(config.contexts_per_minute)
+        self.chars = bucket(config.chars_per_minute)
+
+
+class RateLimits:
+    """Token buckets per client key (an API key's id, or the client address).
+
+    At most ``config.rate_keys`` keys are kept, least recently used dropped
+    first; a dropped key starts again with full buckets."""
+
+    def __init__(self, config: AdmissionConfig) -> None:
+        self._config = config
+        self._keys: OrderedDict[str, _Buckets] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def _buckets(self, key: str, now: float) -> _Buckets:
+        entry = self._keys.get(key)
+        if entry is None:
+            entry = self._keys[key] = _Buckets(self._config, now)
+            while len(self._keys) > self._config.rate_keys:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(key)
+        return entry
+
+    def connection(self, key: str, now: float) -> None:
+        """A new connection from ``key``; raise ``RateLimited`` if over its rate."""
+        self._take(self._buckets(key, now).connections, 1, now, "connections")
+
+    def context(self, key: str, now: float, context: str | None = None) -> None:
+        """A new context from ``key``."""
+        self._take(self._buckets(key, now).contexts, 1, now, "contexts", context)
+
+    def chars(self, key: str, n: int, now: float, context: str | None = None) -> None:
+        """``n`` characters of text from ``key``."""
+        if n > 0:
+            self._take(self._buckets(key, now).chars, n, now, "characters", context)
+
+    def _take(self, bucket: TokenBucket | None, n: float, now: float, what: str,
+              context: str | None = None) -> None:
+        if bucket is None:
+            return
+        wait = bucket.take(n, now)
+        if wait > 0:
+            per_minute = round(bucket.per_s * 60)
+            raise RateLimited(f"more than {per_minute} {what} per minute; try again later",
+                              context=context, retry_after_ms=retry_ms(wait))
+
+
+def predicted_first_heard_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
+                             cost_ms: Sequence[float] | None = None) -> float:
+    """Time from the text that completes the first segment to the moment a
+    listener honouring the ``buffer`` hint starts playing: chunks are made one
+    after another at ``rtf`` (``hints.planned_arrivals``) and playback starts
+    once the hint's amount of audio (``hints.prebuffer_ms``, which holds the
+    jitter allowance) has arrived. ``chunk_ms``: the first segment's chunks
+    and what follows, as the hint plans them."""
+    if not chunk_ms:
+        return 0.0
+    arrivals = planned_arrivals(rtf, chunk_ms, cost_ms=cost_ms)
+    need = prebuffer_ms(rtf, chunk_ms, jitter_ms, cost_ms=cost_ms)
+    held = 0.0
+    for at, duration in arrivals:
+        held += duration
+        if held >= need - 1e-6:
+            return at
+    return arrivals[-1][0]  # the whole plan is shorter than the hint: all of it
+
+
+class LoadAdmission:
+    """Refuses a new context whose predicted first heard audio misses the target."""
+
+    def __init__(self, config: AdmissionConfig) -> None:
+        self._config = config
+
+    def check(self, predicted_ms: float, context: str | None = None) -> None:
+        """Raise ``Busy`` (``overloaded``) with ``retry_after_ms`` when
+        ``predicted_ms`` exceeds the target. The retry is how far over the
+        target the prediction is (the load must fall by about that much of
+        work), within ``retry_min_ms`` .. ``retry_max_ms``."""
+        target = self._config.first_heard_target_ms
+        if target <= 0 or not predicted_ms > target:
+            return
+        over = predicted_ms - target if math.isfinite(predicted_ms) else math.inf
+        retry = int(min(self._config.retry_max_ms, max(self._config.retry_min_ms, over)))
+        raise Busy(f"the server is at capacity (first audio would be heard after "
+                   f"{min(predicted_ms, 1e9):.0f} ms, over the {target:.0f} ms target)",
+                   context=context, retry_after_ms=retry)
+
+
+__all__ = ["LoadAdmission", "RateLimits", "TokenBucket", "predicted_first_heard_ms",
+           "retry_ms"]

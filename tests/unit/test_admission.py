@@ -1,0 +1,119 @@
+"""Admission (pure, injected time): token buckets, per-key rate limits, and
+the first-heard-audio admission check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rtserver.config import AdmissionConfig
+from rtserver.errors import Busy, RateLimited
+from rtserver.pacing.hints import prebuffer_ms
+from rtserver.server.admission import (
+    LoadAdmission,
+    RateLimits,
+    TokenBucket,
+    predicted_first_heard_ms,
+)
+
+
+def test_bucket_bursts_then_goes_at_its_rate() -> None:
+    b = TokenBucket(per_s=2.0, capacity=4, now=0.0)
+    assert [b.take(1, 0.0) for _ in range(4)] == [0.0] * 4
+    assert b.take(1, 0.0) == pytest.approx(0.5)  # one token comes in 0.5 s
+    assert b.take(1, 0.25) == pytest.approx(0.25)
+    assert b.take(1, 0.5) == 0.0
+    assert b.take(1, 0.5) > 0
+
+
+def test_bucket_serves_a_request_larger_than_itself_when_full() -> None:
+    b = TokenBucket(per_s=10.0, capacity=10, now=0.0)
+    assert b.take(25, 0.0) == 0.0  # served, bucket now 15 in debt
+    assert b.take(1, 0.0) == pytest.approx(1.6)  # 16 tokens short at 10/s
+    assert b.take(1, 1.6) == 0.0
+
+
+def limits(**kw: float) -> RateLimits:
+    return RateLimits(dataclasses.replace(AdmissionConfig(), **kw))  # type: ignore[arg-type]
+
+
+def test_contexts_per_minute_per_key_with_retry_after() -> None:
+    rl = limits(contexts_per_minute=6)  # 6 a minute: one every 10 s
+    for _ in range(6):
+        rl.context("alice", now=0.0)
+    with pytest.raises(RateLimited) as info:
+        rl.context("alice", now=0.0, context="c7")
+    err = info.value
+    assert err.code.value == "rate_limited" and err.context == "c7"
+    assert err.retry_after_ms == 10_000
+    rl.context("bob", now=0.0)  # another key is untouched
+    rl.context("alice", now=10.0)  # the retry time was right
+
+
+def test_connections_and_characters() -> None:
+    rl = limits(connections_per_minute=2, chars_per_minute=600)
+    rl.connection("k", 0.0)
+    rl.connection("k", 0.0)
+    with pytest.raises(RateLimited) as info:
+        rl.connection("k", 0.0)
+    assert info.value.retry_after_ms == 30_000
+    rl.chars("k", 500, 0.0)
+    with pytest.raises(RateLimited) as info:
+        rl.chars("k", 200, 0.0)
+    assert info.value.retry_after_ms == 10_000  # 100 short at 10 a second
+    rl.chars("k", 200, 10.0)
+
+
+def test_a_zero_rate_is_off() -> None:
+    rl = limits(contexts_per_minute=0)
+    for _ in range(10_000):
+        rl.context("k", 0.0)
+
+
+def test_keys_are_bounded() -> None:
+    rl = limits(rate_keys=100, contexts_per_minute=1)
+    for i in range(1000):
+        rl.context(f"addr:{i}", 0.0)
+    assert len(rl) == 100
+
+
+def test_first_heard_one_chunk_is_its_synthesis() -> None:
+    # Piper: the first segment is one chunk of 1 s made at r 0.2; the hint
+    # (J = 40 ms of audio) is held as soon as it arrives
+    assert predicted_first_heard_ms(0.2, [1000.0], 40.0) == pytest.approx(200.0)
+
+
+def test_first_heard_waits_for_the_prebuffer_chunk() -> None:
+    chunks = [100.0, 300.0, 1000.0]
+    heard = predicted_first_heard_ms(0.5, chunks, 40.0)
+    # the hint waits for chunk 2 (hints.py's example): it arrives at
+    # 0.5 * (100 + 300 + 1000) = 700 ms
+    assert prebuffer_ms(0.5, chunks, 40.0) == pytest.approx(440.0)
+    assert heard == pytest.approx(700.0)
+
+
+def test_first_heard_grows_with_r() -> None:
+    chunks = [500.0, 1000.0, 2000.0, 4000.0]
+    values = [predicted_first_heard_ms(r, chunks, 40.0) for r in (0.1, 0.5, 0.9, 1.5)]
+    assert values == sorted(values) and values[-1] > 5000
+
+
+def test_load_admission_refuses_over_the_target_with_retry_after() -> None:
+    adm = LoadAdmission(dataclasses.replace(AdmissionConfig(), first_heard_target_ms=1000,
+                                            retry_min_ms=250, retry_max_ms=5000))
+    adm.check(999.0)
+    with pytest.raises(Busy) as info:
+        adm.check(1100.0, context="c")
+    assert info.value.code.value == "overloaded" and info.value.close_code is None
+    assert info.value.retry_after_ms == 250  # 100 over: the minimum
+    with pytest.raises(Busy) as info:
+        adm.check(4000.0)
+    assert info.value.retry_after_ms == 3000
+    with pytest.raises(Busy) as info:
+        adm.check(float("inf"))
+    assert info.value.retry_after_ms == 5000
+
+
+def test_load_admission_off() -> None:
+    LoadAdmission(dataclasses.replace(AdmissionConfig(), first_heard_target_ms=0)).check(1e9)
