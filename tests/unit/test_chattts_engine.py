@@ -1,0 +1,246 @@
+"""The torch engine on a tiny ChatTTS checkpoint (CPU, float32)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rtserver.engine.base import (  # noqa: E402
+    CodeDelta,
+    PromptEmbedding,
+    SamplingSettings,
+    TokenRequest,
+)
+from rtserver.engine.torch_engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
+from rtserver.engine.torch_engine.model import ChatLM  # noqa: E402
+from rtserver.errors import EngineFailed, Overloaded  # noqa: E402
+from rtserver.testing.tiny_chattts import write_tiny_chattts  # noqa: E402
+from rtserver.voices.chattts.assets import LmAssets, load_lm_assets  # noqa: E402
+
+# ChatTTS InferCodeParams defaults (upstream core.py)
+SAMPLING = SamplingSettings(temperature=0.3, top_p=0.7, top_k=20, repetition_penalty=1.05)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> LmAssets:
+    root = tmp_path_factory.mktemp("chattts")
+    write_tiny_chattts(root, decoder=False)
+    return load_lm_assets(root)
+
+
+def make_engine(assets: LmAssets, *, slots: int = 4, max_len: int = 256,
+                **cfg: object) -> TorchCodeEngine:
+    def factory() -> ChatLM:
+        return ChatLM(assets.config, assets.gpt, assets.embed, slots=slots, max_len=max_len)
+
+    return TorchCodeEngine(factory, TorchEngineConfig(**cfg),  # type: ignore[arg-type]
+                           eos_id=assets.config.eos_id)
+
+
+@contextlib.asynccontextmanager
+async def running(engine: TorchCodeEngine) -> AsyncIterator[TorchCodeEngine]:
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def request(assets: LmAssets, rid: str, text: str, seed: int, steps: int,
+            *, speaker_seed: int = 1, priority: int = 0) -> TokenRequest:
+    ids = assets.tokenizer.encode(f"[Stts][spk_emb][speed_5]{text}[Ptts]")
+    stats = assets.speaker_stats
+    assert stats is not None
+    vec = stats.sample(speaker_seed)
+    vec = vec / np.linalg.norm(vec)
+    return TokenRequest(
+        request_id=rid, prompt_token_ids=tuple(ids), max_tokens=steps,
+        sampling=SamplingSettings(temperature=SAMPLING.temperature, top_p=SAMPLING.top_p,
+                                  top_k=SAMPLING.top_k,
+                                  repetition_penalty=SAMPLING.repetition_penalty, seed=seed),
+        priority=priority, want_hidden=True,
+        embeddings=(PromptEmbedding(assets.tokenizer.spk_emb_id,
+                                    tuple(float(v) for v in vec)),))
+
+
+async def collect(engine: TorchCodeEngine, req: TokenRequest
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    codes: list[tuple[int, ...]] = []
+    hidden: list[np.ndarray] = []
+    async for delta in engine.generate(req):
+        assert isinstance(delta, CodeDelta)
+        codes.extend(delta.codes)
+        assert delta.hidden is not None
+        hidden.append(np.asarray(delta.hidden))
+    return np.array(codes), np.concatenate(hidden)
+
+
+TEXTS = [("a", "hello world", 11, 40), ("b", "你好我们", 12, 55), ("c", "one two three", 13, 30),
+         ("d", "good day", 14, 48), ("e", "天气很好", 15, 25)]
+
+
+async def test_batched_equals_alone(assets: LmAssets) -> None:
+    """Five requests through four slots, joining while others decode, give what
+    each gives alone: the same codes, hidden states within 1e-4 (float32 sums
+    in another order)."""
+    reqs = [request(assets, rid, text, seed, steps) for rid, text, seed, steps in TEXTS]
+    async with running(make_engine(assets, slots=1)) as engine:
+        alone = [await collect(engine, r) for r in reqs]
+    async with running(make_engine(assets, slots=4)) as engine:
+
+        async def late(r: TokenRequest, delay: float) -> tuple[np.ndarray, np.ndarray]:
+            await asyncio.sleep(delay)
+            return await collect(engine, r)
+
+        together = await asyncio.gather(*(late(r, 0.002 * i) for i, r in enumerate(reqs)))
+        assert engine.stats().requests_total == len(reqs)
+    for (rid, *_), (c1, h1), (c2, h2) in zip(TEXTS, alone, together, strict=True):
+        assert c1.shape == c2.shape, rid
+        np.testing.assert_array_equal(c1, c2, err_msg=rid)
+        np.testing.assert_allclose(h1, h2, atol=1e-4, err_msg=rid)
+    # the sampler is not degenerate: codes vary, and each request is its own
+    assert len(np.unique(alone[0][0])) > 10
+    assert not np.array_equal(alone[0][0][:20], alone[3][0][:20])
+
+
+async def test_steps_end_at_eos_or_budget(assets: LmAssets) -> None:
+    eos = assets.config.eos_id
+    async with running(make_engine(assets)) as engine:
+        for seed in range(6):
+            codes, hidden = await collect(engine, request(assets, f"r{seed}", "hello", seed, 60))
+            assert len(codes) == len(hidden)
+            assert (codes[:-1] != eos).all()  # EOS only on the last step
+            assert len(codes) == 60 or (codes[-1] == eos).any()
+            assert (codes[0] != eos).all()  # no EOS at the first step
+            assert ((codes >= 0) & (codes <= eos)).all()
+
+
+async def test_abort_frees_the_slot(assets: LmAssets) -> None:
+    async with running(make_engine(assets, slots=1)) as engine:
+        gen = engine.generate(request(assets, "long", "hello world", 3, 10_000))
+        got = 0
+        async for delta in gen:
+            got += len(delta.codes)
+            if got >= 3:
+                break
+        await gen.aclose()
+        for _ in range(200):
+            if engine.slots_in_use() == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert engine.slots_in_use() == 0
+        assert engine.stats().aborted_total == 1
+        # the one slot serves the next request at once
+        codes, _ = await asyncio.wait_for(
+            collect(engine, request(assets, "next", "hi", 4, 5)), 10)
+        assert 1 <= len(codes) <= 5
+
+
+async def test_full_pool_queues_then_overloads(assets: LmAssets) -> None:
+    async with running(make_engine(assets, slots=1, max_waiting=1)) as engine:
+        first = engine.generate(request(assets, "one", "hello world", 1, 10_000))
+        await first.__anext__()
+        second = asyncio.create_task(collect(engine, request(assets, "two", "hi", 2, 5)))
+        for _ in range(200):
+            if engine.stats().waiting == 1:
+                break
+            await asyncio.sleep(0.005)
+        assert engine.stats().waiting == 1 and engine.stats().running == 1
+        with pytest.raises(Overloaded) as exc:
+            await collect(engine, request(assets, "three", "hi", 3, 5))
+        assert exc.value.retry_after_ms is not None and exc.value.retry_after_ms > 0
+        await first.aclose()
+        codes, _ = await asyncio.wait_for(second, 10)  # ran once the slot was free
+        assert len(codes) >= 1
+
+
+async def test_first_segments_go_first(assets: LmAssets) -> None:
+    """With every slot busy, a waiting first segment (priority 0) is admitted
+    before a later segment (priority 1) that queued earlier."""
+    async with running(make_engine(assets, slots=1)) as engine:
+        busy = engine.generate(request(assets, "busy", "hello", 1, 10_000))
+        await busy.__anext__()
+        order: list[str] = []
+
+        async def run(r: TokenRequest) -> None:
+            async for _ in engine.generate(r):
+                order.append(r.request_id)
+                return
+
+        later = asyncio.create_task(run(request(assets, "later", "hi", 2, 3, priority=1)))
+        await asyncio.sleep(0.05)
+        first = asyncio.create_task(run(request(assets, "first", "hi", 3, 3, priority=0)))
+        await asyncio.sleep(0.05)
+        await busy.aclose()
+        await asyncio.wait_for(asyncio.gather(later, first), 10)
+        assert order == ["first", "later"]
+
+
+async def test_non_finite_fails_only_that_request(assets: LmAssets) -> None:
+    async with running(make_engine(assets)) as engine:
+        good = request(assets, "good", "hello world", 5, 30)
+        bad = request(assets, "bad", "hello world", 6, 30)
+        vec = list(bad.embeddings[0].vector)
+        vec[0] = float("nan")
+        bad = TokenRequest(request_id="bad", prompt_token_ids=bad.prompt_token_ids,
+                           max_tokens=30, sampling=bad.sampling, want_hidden=True,
+                           embeddings=(PromptEmbedding(bad.embeddings[0].token_id,
+                                                       tuple(vec)),))
+        results = await asyncio.gather(collect(engine, good), collect(engine, bad),
+                                       return_exceptions=True)
+        assert isinstance(results[1], EngineFailed)
+        assert "non-finite" in str(results[1])
+        assert not isinstance(results[0], BaseException)
+        assert len(results[0][0]) >= 1
+        assert engine.stats().failed_total == 1
+
+
+async def test_bad_requests_fail_clearly(assets: LmAssets) -> None:
+    async with running(make_engine(assets, max_len=64)) as engine:
+        r = request(assets, "x", "hello", 1, 5)
+        too_long = TokenRequest(request_id="long", prompt_token_ids=(1,) * 64, max_tokens=5)
+        with pytest.raises(EngineFailed, match="does not fit"):
+            await collect(engine, too_long)
+        wrong = TokenRequest(request_id="w", prompt_token_ids=r.prompt_token_ids, max_tokens=5,
+                             embeddings=(PromptEmbedding(1, (0.0,) * 3),))
+        with pytest.raises(EngineFailed, match="prompt embedding"):
+            await collect(engine, wrong)
+
+
+def test_sampler_matches_upstream_warpers() -> None:
+    """Top-p then top-k as transformers' warpers with min_tokens_to_keep=3:
+    the kept set equals theirs on random logits."""
+    tr = pytest.importorskip("transformers.generation")
+    from rtserver.engine.torch_engine import sampling
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn((6, 626), generator=gen) * 3
+    hf = tr.TopKLogitsWarper(20, min_tokens_to_keep=3)(
+        None, tr.TopPLogitsWarper(0.7, min_tokens_to_keep=3)(None, logits.clone()))
+    kept_hf = torch.isfinite(hf)
+    seen = torch.zeros_like(kept_hf)
+    n = 6
+    for step in range(150):
+        ids = sampling.sample_codes(
+            logits[:, None, :], temperature=torch.ones(n), top_p=torch.full((n,), 0.7),
+            top_k=torch.full((n,), 20), penalty=torch.ones(n),
+            history=torch.full((n, 1, 16), 626), seed=torch.arange(n),
+            step=torch.full((n,), step), min_new=torch.zeros(n, dtype=torch.int64), eos_id=625)
+        seen[torch.arange(n), ids[:, 0]] = True
+    assert not (seen & ~kept_hf).any()  # never outside the kept set
+    assert (seen.sum(1) >= 2).all()  # and not one fixed id
+
+
+def test_repetition_penalty_counts_the_window() -> None:
+    from rtserver.engine.torch_engine.sampling import penalty_counts
+
+    hist = torch.tensor([[[5, 5, 7, 626]]])
+    counts = penalty_counts(hist, 626)
+    assert counts[0, 0, 5] == 2 and counts[0, 0, 7] == 1 and counts.sum() == 3
+
