@@ -1,0 +1,82 @@
+"""Speak a few LLM-like tokens through a Pipecat pipeline into a WAV file.
+
+    python integrations/pipecat/example.py --url ws://127.0.0.1:8765/v1/stream --out hello.wav
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import wave
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # rtserver_pipecat, uninstalled
+
+from pipecat.frames.frames import (  # noqa: E402
+    EndFrame,
+    Frame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    TTSAudioRawFrame,
+    TTSStoppedFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
+from pipecat.workers.runner import WorkerRunner  # noqa: E402
+from rtserver_pipecat import RtserverTTSService  # noqa: E402
+
+RATE = 24000
+
+
+class WavWriter(FrameProcessor):
+    """Stands in for a transport's output: writes the bot's audio to a file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.wav = wave.open(path, "wb")
+        self.wav.setnchannels(1)
+        self.wav.setsampwidth(2)
+        self.wav.setframerate(RATE)
+        self.done = asyncio.Event()
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, TTSAudioRawFrame):
+            self.wav.writeframes(frame.audio)
+        elif isinstance(frame, TTSStoppedFrame):
+            self.done.set()
+        await self.push_frame(frame, direction)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
+    parser.add_argument("--voice", default=None)
+    parser.add_argument("--out", default="pipecat.wav")
+    parser.add_argument("--text", default="Hello! This reply streams from an LLM, token by token.")
+    args = parser.parse_args()
+
+    tts = RtserverTTSService(url=args.url, voice=args.voice)
+    out = WavWriter(args.out)
+    worker = PipelineWorker(Pipeline([tts, out]), params=PipelineParams(audio_out_sample_rate=RATE),
+                            idle_timeout_secs=None, enable_rtvi=False)
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    run = asyncio.create_task(runner.run())
+    # what an LLM service pushes for one reply
+    await worker.queue_frame(LLMFullResponseStartFrame())
+    for word in args.text.split(" "):
+        await worker.queue_frame(LLMTextFrame(word + " "))
+    await worker.queue_frame(LLMFullResponseEndFrame())
+    await asyncio.wait_for(out.done.wait(), 60)
+    await worker.queue_frame(EndFrame())
+    await run
+    out.wav.close()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
