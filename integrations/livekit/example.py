@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # rtserver_livekit, uninstalled
 
-from livekit import rtc  # noqa: E402
-from livekit.agents import Agent, AgentSession  # noqa: E402
-from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities  # noqa: E402
-from rtserver_livekit import TTS  # noqa: E402
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+from rtserver_livekit import TTS
 
 RATE = 24000
 

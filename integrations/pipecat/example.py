@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # rtserver_pipecat, uninstalled
 
-from pipecat.frames.frames import (  # noqa: E402
+from pipecat.frames.frames import (
     EndFrame,
     Frame,
     LLMFullResponseEndFrame,
@@ -22,11 +22,11 @@ from pipecat.frames.frames import (  # noqa: E402
     TTSAudioRawFrame,
     TTSStoppedFrame,
 )
-from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
-from pipecat.workers.runner import WorkerRunner  # noqa: E402
-from rtserver_pipecat import RtserverTTSService  # noqa: E402
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.workers.runner import WorkerRunner
+from rtserver_pipecat import RtserverTTSService
 
 RATE = 24000
 
