@@ -27,6 +27,7 @@ do no I/O and are tested on their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
