@@ -77,7 +77,7 @@ def cmd_voices(args: argparse.Namespace) -> int:
     config = _config(args)
 
     async def list_voices() -> list[dict[str, object]]:
-        vs = await load_voices(config, progress=lambda m: None)
+        vs = await load_voices(config.voice, config.families, progress=lambda m: None)
         try:
             return [{"name": n, "family": v.info.family, "sample_rate": v.info.sample_rate,
                      "language": v.info.language, "default": n == vs.default}

@@ -5,6 +5,11 @@ Sections are frozen dataclasses. A file is TOML with one table per section
 field, ``RTSERVER_SERVER_PORT=9000``; flags arrive as a mapping of
 ``"section.field"`` to values. Every value is checked against its field's type;
 a bad one raises ``ConfigError`` naming where it came from.
+
+Voice families own their sections (``[orpheus]``, ...): the voice registry
+lists them (``rtserver.voices.registry.family_sections``) and they are parsed
+the same way, into ``Config.families``; a section's ``check()`` runs once all
+sources are applied.
 """
 
 from __future__ import annotations
@@ -17,17 +22,18 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from rtserver.audio.opus import OpusConfig
 from rtserver.cache import CacheConfig
 from rtserver.errors import ConfigError
 from rtserver.pacing.hints import HintConfig
 from rtserver.text.segmenter import SegmenterConfig
-from rtserver.voices.orpheus import OrpheusConfig
+from rtserver.voices.registry import VoiceSettings, family_sections
 
 ENV_PREFIX = "RTSERVER_"
-DEFAULT_VOICE = "piper:en_US-joe-medium"
+S = TypeVar("S")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,31 +123,29 @@ class AdmissionConfig:
     metrics_need_key: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class VoiceConfig:
-    # The default voice: "piper:<name>" for the embedded voice, a path to an
-    # .onnx file (its .onnx.json beside it), or "orpheus:<speaker>".
-    default: str = DEFAULT_VOICE
-    # Extra voices to load at start-up (same forms as ``default``).
-    extra: tuple[str, ...] = ()
-    # Synthesis threads for CPU voices; 0 means one per core.
-    threads: int = 0
-    # onnxruntime intra-op threads per synthesis call.
-    intra_op_threads: int = 1
+def _default_families() -> Mapping[str, Any]:
+    return MappingProxyType({n: cls() for n, cls in family_sections().items()})
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    voice: VoiceConfig = field(default_factory=VoiceConfig)
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     hints: HintConfig = field(default_factory=HintConfig)
     opus: OpusConfig = field(default_factory=OpusConfig)
-    # The vLLM Orpheus family (model and SNAC folders, engine and sampling settings).
-    orpheus: OrpheusConfig = field(default_factory=OrpheusConfig)
     # The phrase cache of the HTTP speech API (rtserver/cache.py).
     cache: CacheConfig = field(default_factory=CacheConfig)
+    # Each voice family's own section, by family name ([orpheus], ...).
+    families: Mapping[str, Any] = field(default_factory=_default_families)
+
+    def family(self, name: str, kind: type[S]) -> S:
+        """The section of family ``name``, checked to be a ``kind``."""
+        section = self.families.get(name)
+        if not isinstance(section, kind):
+            raise ConfigError(f"no [{name}] section of type {kind.__name__}")
+        return section
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -249,7 +253,9 @@ def load_config(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
         layers.append((f"config file {path}", data))
-    sections = {f.name for f in dataclasses.fields(Config)}
+    core = {f.name for f in dataclasses.fields(Config)} - {"families"}
+    family_types = family_sections()
+    sections = core | set(family_types)
     from_env: dict[str, dict[str, Any]] = {}
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX):
@@ -269,16 +275,28 @@ def load_config(
     layers.append(("command line", from_flags))
 
     config = Config()
+    fams: dict[str, Any] = {n: cls() for n, cls in family_types.items()}
     for source, data in layers:
         for section_name, values in data.items():
             if section_name not in sections:
-                raise ConfigError(f"{source}: unknown section '{section_name}'")
+                raise ConfigError(f"{source}: unknown section '{section_name}' (sections: "
+                                  f"{', '.join(sorted(sections))})")
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{source}: section '{section_name}' must be a table")
+            where = f"{source} [{section_name}]"
+            if section_name in fams:
+                fams[section_name] = _apply(fams[section_name], values, where)
+                continue
             current = getattr(config, section_name)
-            config = dataclasses.replace(
-                config, **{section_name: _apply(current, values, f"{source} [{section_name}]")}
-            )
+            config = dataclasses.replace(config, **{section_name: _apply(current, values, where)})
+    for name, section in fams.items():
+        check = getattr(section, "check", None)
+        if check is not None:
+            try:
+                check()
+            except ValueError as exc:
+                raise ConfigError(f"config [{name}] {exc}") from None
+    config = dataclasses.replace(config, families=MappingProxyType(fams))
     _validate(config)
     return config
 

@@ -86,8 +86,8 @@ async def serve(host: str, port: int, voice_spec: str | None) -> None:
     from rtserver.voices.registry import load_voices
 
     config = load_config(None, flags={"voice.default": voice_spec})
-    voices = await load_voices(config, progress=lambda m: print(f"baseline: {m}",
-                                                               file=sys.stderr))
+    voices = await load_voices(config.voice, config.families,
+                               progress=lambda m: print(f"baseline: {m}", file=sys.stderr))
     voice = voices.voices[voices.default]
     await voices.warm_up()
     normalize = _normalizer()

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probes", type=int, default=6, help="load mode: probes per level")
     p.add_argument("--write-random", default="",
                    help="write an Orpheus-layout checkpoint with audio-biased random weights "
-                        "to this folder first and load it (see tiny_orpheus."
+                        "to this folder first and load it (see orpheus_layout."
                         "write_random_orpheus); no logits mask needed")
     p.add_argument("--text", default=PROMPT_TEXT)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -253,12 +253,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     snac_dir = args.snac_dir
     tmp = None
     if args.write_random:
-        from rtserver.testing.tiny_orpheus import write_random_orpheus
+        from rtserver.voices.orpheus_layout import write_random_orpheus
 
         t0 = time.perf_counter()
         write_random_orpheus(args.write_random, shape=args.shape)
         if not snac_dir:  # SNAC through its real loader too, random weights
-            from rtserver.testing.tiny_snac import write_tiny_snac
+            from rtserver.vocoder.snac_layout import write_tiny_snac
 
             snac_dir = str(write_tiny_snac(Path(args.write_random) / "snac",
                                            shape=args.snac_shape))
@@ -266,7 +266,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         args.model_dir = args.write_random
     if not snac_dir and args.dummy_weights and args.snac_shape == "tiny":
-        from rtserver.testing.tiny_snac import write_tiny_snac
+        from rtserver.vocoder.snac_layout import write_tiny_snac
 
         tmp = tempfile.TemporaryDirectory(prefix="bench-snac-")
         snac_dir = str(write_tiny_snac(Path(tmp.name), seed=0, shape=args.snac_shape))

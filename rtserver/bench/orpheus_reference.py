@@ -39,7 +39,7 @@ What is adapted, and only this (the reference's own methods run unchanged):
   ``<custom_token_N>``, so the reference's decoder still sees every token as
   it did on V0, and it counts how often that happened.
 - ``--dummy-model DIR`` writes an Orpheus-3B ``config.json`` and tokenizer
-  (``rtserver.testing.tiny_orpheus``) for ``load_format="dummy"``, with the
+  (``rtserver.voices.orpheus_layout``) for ``load_format="dummy"``, with the
   ``<custom_token_N>`` added tokens marked non-special: the reference reads
   the codes from vLLM's detokenized text with ``skip_special_tokens`` on, so
   it works only with a tokenizer where they survive that (as the published
@@ -131,7 +131,7 @@ def _redirect_snac(snac_dir: Path) -> None:
 def write_reference_model(path: Path, shape: str = "3b") -> Path:
     """Orpheus config + tokenizer (no weights: ``load_format="dummy"``), with the
     ``<custom_token_N>`` tokens non-special so they survive detokenization."""
-    from rtserver.testing.tiny_orpheus import write_tiny_orpheus
+    from rtserver.voices.orpheus_layout import write_tiny_orpheus
 
     out = write_tiny_orpheus(path, shape="3b" if shape == "3b" else "tiny", with_weights=False)
     tok_path = out / "tokenizer.json"

@@ -127,9 +127,11 @@ class Session:
     """Protocol state of one connection. Feed it frames, carry out its actions."""
 
     def __init__(self, limits: SessionLimits, voices: Collection[str], default_voice: str,
-                 voice_aliases: dict[str, str] | None = None) -> None:
+                 voice_aliases: dict[str, str] | None = None,
+                 families: Collection[str] = ()) -> None:
         self._limits = limits
         self._voices = frozenset(voices)
+        self._families = tuple(families)  # voice families, for unknown_voice's message
         self._aliases = dict(voice_aliases or {})
         self._default_voice = default_voice
         self._contexts: dict[str, _Context] = {}
@@ -239,6 +241,11 @@ class Session:
             return self._default_voice
         name = self._aliases.get(requested, requested)
         if name not in self._voices:
+            prefix, sep, _ = requested.partition(":")
+            if sep and self._families and prefix not in self._families:
+                raise UnknownVoice(
+                    f"unknown voice '{requested}': no voice family '{prefix}'; the families "
+                    f"are {', '.join(self._families)}", context=ctx)
             raise UnknownVoice(
                 f"unknown voice {echo(requested)}; GET /v1/voices lists them", context=ctx)
         return name

@@ -43,7 +43,7 @@ class RtServer:
     async def start(self, *, progress: Callable[[str], None] | None = None) -> None:
         """Load and warm the voices, then listen; ``/ready`` turns 200 at the end."""
         say = progress or (lambda msg: log.info("%s", msg))
-        self.voice_set = await load_voices(self.config, progress=say)
+        self.voice_set = await load_voices(self.config.voice, self.config.families, progress=say)
         threads = self.config.server.encode_threads or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(threads, thread_name_prefix="opus")
         self.app = AppState(config=self.config, voices=self.voice_set.voices,

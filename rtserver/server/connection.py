@@ -61,7 +61,7 @@ class Connection:
         self.session = Session(
             SessionLimits(max_text_chars=cfg.max_text_chars, max_contexts=cfg.max_contexts),
             voices=app.voices.keys(), default_voice=app.default_voice,
-            voice_aliases=app.voice_aliases)
+            voice_aliases=app.voice_aliases, families=app.families)
         self.outbox = Outbox(capacity_ms=cfg.send_queue_ms)
         self.live: dict[str, _Live] = {}
         self._group: asyncio.TaskGroup | None = None

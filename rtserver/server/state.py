@@ -12,6 +12,7 @@ from rtserver.pacing.rates import LiveRates, RtfTracker
 from rtserver.pipeline import ServerLoad, VoiceStats
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.voices.base import Voice
+from rtserver.voices.registry import families
 
 
 @dataclass
@@ -22,6 +23,7 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
     voice_aliases: dict[str, str] = field(default_factory=dict)
+    families: tuple[str, ...] = field(default_factory=lambda: tuple(families()))
     load: ServerLoad = field(default_factory=ServerLoad)  # contexts running, all voices
     # Opus encoding of many streams runs here, off the event loop
     encode_pool: Executor | None = None

@@ -27,7 +27,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,11 +47,10 @@ from rtserver.vocoder.chunking import stream_plan
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices import orpheus_tokens as ot
 from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
+from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-
-    from rtserver.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ AUDIO_MASK = CyclicTokenMask(
 
 @dataclass(frozen=True, slots=True)
 class OrpheusConfig:
-    """Everything the Orpheus family needs; the lead composes it into Config."""
+    """The ``[orpheus]`` section: everything the Orpheus family needs."""
 
     model_dir: str = ""  # HF Llama folder (canopylabs/orpheus-3b-0.1-ft layout)
     snac_dir: str = ""  # SNAC folder (hubertsiuzdak/snac_24khz layout)
@@ -102,6 +101,17 @@ class OrpheusConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     warm_up_frames: int = 4
+
+    def check(self) -> None:
+        """Cross-field checks, once every source of settings is applied."""
+        if self.speaker not in self.speakers:
+            raise ValueError(f"speaker {self.speaker!r} is not one of speakers "
+                             f"({', '.join(self.speakers)})")
+        for name, allowed in (("token_guard", ("auto", "mask", "allowed", "none")),
+                              ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny"))):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
 
 
 class VocoderStreamLike(Protocol):
@@ -312,10 +322,8 @@ def _resolve_model_dir(cfg: OrpheusConfig) -> tuple[str, str | None]:
         return str(path), None
     if not cfg.dummy_weights:
         raise ConfigError("Orpheus needs a model folder (orpheus model_dir), or dummy weights")
-    from rtserver.testing.tiny_orpheus import write_tiny_orpheus
+    from rtserver.voices.orpheus_layout import write_tiny_orpheus
 
-    if cfg.shape not in ("3b", "tiny"):
-        raise ConfigError(f"Orpheus dummy shape {cfg.shape!r}: '3b' or 'tiny'")
     tmp = tempfile.mkdtemp(prefix="rtserver-orpheus-")
     write_tiny_orpheus(tmp, shape="3b" if cfg.shape == "3b" else "tiny", with_weights=False)
     return tmp, tmp
@@ -335,16 +343,13 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
     from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
     from rtserver.vocoder.stream import SnacVocoder
 
-    if cfg.speaker not in cfg.speakers:
-        raise ConfigError(f"Orpheus speaker {cfg.speaker!r} is not one of {cfg.speakers}")
-    if cfg.token_guard not in ("auto", "mask", "allowed", "none"):
-        raise ConfigError(f"Orpheus token_guard {cfg.token_guard!r}: auto, mask, allowed "
-                          "or none")
+    try:
+        cfg.check()
+    except ValueError as exc:
+        raise ConfigError(f"[orpheus] {exc}") from None
     guard = cfg.token_guard
     if guard == "auto":
         guard = "mask" if cfg.dummy_weights else "none"
-    if cfg.wrong_slot not in ("reslot", "fail"):
-        raise ConfigError(f"Orpheus wrong_slot {cfg.wrong_slot!r}: reslot or fail")
     model_dir, temp_dir = _resolve_model_dir(cfg)
     try:
         tokenizer = await asyncio.to_thread(Tokenizer.from_file,
@@ -406,16 +411,34 @@ async def load_orpheus_voice(cfg: OrpheusConfig, speaker: str | None = None) -> 
     return runtime.voice(speaker or cfg.speaker)
 
 
-def orpheus_config_from(config: Config, spec: str) -> tuple[OrpheusConfig, str]:
-    """OrpheusConfig (the ``[orpheus]`` section) and speaker for ``orpheus[:speaker]``."""
-    _, _, speaker = spec.partition(":")
-    cfg = config.orpheus
-    return cfg, speaker or cfg.speaker
+async def _load_family(specs: Sequence[str], section: object, settings: VoiceSettings,
+                       progress: Callable[[str], None]) -> FamilyVoices:
+    """The registry's entry point: every spec is ``orpheus[:<speaker>]``; one
+    engine serves them all, and every speaker it has is a voice."""
+    assert isinstance(section, OrpheusConfig)
+    cfg = section
+    speakers: dict[str, str] = {}
+    for spec in specs:
+        _, _, speaker = spec.partition(":")
+        speaker = speaker or cfg.speaker
+        if speaker not in cfg.speakers:
+            raise UnknownVoice(f"voice {spec}: Orpheus speakers are {', '.join(cfg.speakers)}")
+        speakers[spec] = speaker
+    try:
+        from rtserver.engine.base import EngineCollector
+        from rtserver.engine.vllm_engine import VllmEngine  # noqa: F401 (vLLM is installed)
+    except ImportError as exc:  # vllm / torch / snac missing
+        raise ConfigError(f"voices {', '.join(specs)} need the vLLM extras: {exc}") from None
+    runtime = await load_orpheus_runtime(cfg)
+    voices = list(runtime.all_voices())
+    by_spec = {spec: runtime.voice(sp).info.name for spec, sp in speakers.items()}
+    return FamilyVoices(
+        voices={v.info.name: v for v in voices}, by_spec=by_spec,
+        warm_up_via=[runtime.voice(speakers[specs[0]])],
+        collectors=[EngineCollector(runtime.engine.stats, engine="vllm",
+                                    extra_counters=runtime.counters)])
 
 
-async def load_orpheus_voice_from_config(config: Config, spec: str) -> OrpheusVoice:
-    """The registry's entry point: ``spec`` is ``orpheus:<speaker>``."""
-    cfg, speaker = orpheus_config_from(config, spec)
-    if speaker not in cfg.speakers:
-        raise ConfigError(f"voice {spec}: Orpheus speakers are {', '.join(cfg.speakers)}")
-    return await load_orpheus_voice(cfg, speaker)
+FAMILY_ENTRY = register_family(VoiceFamily(
+    name=FAMILY, load=_load_family, section=OrpheusConfig,
+    description="Orpheus (a codec-token Llama on vLLM) with a chunked SNAC vocoder"))

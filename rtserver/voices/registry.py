@@ -1,45 +1,153 @@
-"""Build the server's voices from configuration.
+"""Voice families register themselves; the server loads voices through them.
 
-A voice spec is one of:
-- ``piper:en_US-joe-medium`` (or ``piper``/``default``): the embedded voice;
-- a path to a Piper ``.onnx`` file (its ``.onnx.json`` beside it) or a folder
-  holding one;
-- ``orpheus:<speaker>`` (e.g. ``orpheus:tara``): the vLLM Orpheus family,
-  with the model and SNAC folders from ``[voice]`` settings.
+A voice spec is ``<family>:<rest>`` (``piper:en_US-joe-medium``,
+``orpheus:tara``); a family may also claim specs without a prefix (Piper: a
+path to an ``.onnx`` voice). An unknown prefix is ``unknown_voice`` listing the
+families.
+
+A family is a ``VoiceFamily``: its prefix, its config section (a frozen
+dataclass read from the ``[<prefix>]`` table, ``RTSERVER_<PREFIX>_<FIELD>`` and
+``--<prefix>.<field>`` flags; ``rtserver.config`` asks this registry for them)
+and a loader. The module that defines it calls ``register_family`` at import;
+built-in families are imported from ``BUILTIN_FAMILIES``, others from the
+``rtserver.voice_families`` entry point group. Nothing else changes when a
+family is added: no server code, no edit of ``Config``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Callable
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.registry import Collector
 
-from rtserver.config import Config
-from rtserver.errors import ConfigError
+from rtserver.errors import ConfigError, UnknownVoice
 from rtserver.voices.base import Voice
-from rtserver.voices.piper import (
-    EMBEDDED_NAME,
-    PiperVoice,
-    embedded_voice_files,
-    voice_files_from_path,
-)
-from rtserver.voices.synthesis_pool import SynthesisPool
 
-EMBEDDED_SPECS = ("piper", "default", f"piper:{EMBEDDED_NAME}", EMBEDDED_NAME)
+# Modules that define the built-in families (imported on first use).
+BUILTIN_FAMILIES: tuple[str, ...] = (
+    "rtserver.voices.piper_family",
+    "rtserver.voices.orpheus",
+)
+ENTRY_POINT_GROUP = "rtserver.voice_families"
+_NAME = re.compile(r"[a-z][a-z0-9]*\Z")  # no "_": RTSERVER_<FAMILY>_<FIELD> must split
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceSettings:
+    """The ``[voice]`` section: which voices to load, shared by all families."""
+
+    # The default voice: "piper:<name>" for the embedded voice, a path to an
+    # .onnx file (its .onnx.json beside it), or "<family>:<name>" of any family.
+    default: str = "piper:en_US-joe-medium"
+    # Extra voices to load at start-up (same forms as ``default``).
+    extra: tuple[str, ...] = ()
+    # Synthesis threads for CPU voices; 0 means one per core.
+    threads: int = 0
+    # onnxruntime intra-op threads per synthesis call.
+    intra_op_threads: int = 1
+
+
+@dataclass
+class FamilyVoices:
+    """What a family's loader returns for its specs."""
+
+    voices: dict[str, Voice]  # every voice it serves (all speakers of a shared model)
+    by_spec: dict[str, str]  # each requested spec -> the name of its voice
+    warm_up_via: list[Voice] = field(default_factory=list)  # one per shared model
+    collectors: list[Collector] = field(default_factory=list)  # Prometheus, engine stats
+    # after its voices are closed: what the family shares (thread pools)
+    release: Callable[[], Awaitable[None]] | None = None
+
+
+# loader(specs, the family's section (None without one), [voice], progress)
+Loader = Callable[[Sequence[str], Any, VoiceSettings, Callable[[str], None]],
+                  Awaitable[FamilyVoices]]
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceFamily:
+    """A family of voices: ``name`` is its spec prefix and config table.
+
+    ``section``: a frozen dataclass of the family's settings (defaults must be
+    valid); its optional ``check()`` raises ``ValueError`` naming the field,
+    after every source of settings is applied. ``claims``: specs without a
+    prefix the family takes (a file path)."""
+
+    name: str
+    load: Loader
+    section: type | None = None
+    claims: Callable[[str], bool] | None = None
+    description: str = ""
+
+
+_FAMILIES: dict[str, VoiceFamily] = {}
+_discovered = False
+
+
+def register_family(family: VoiceFamily) -> VoiceFamily:
+    """Add a family (at import of the module that defines it)."""
+    if not _NAME.match(family.name):
+        raise ValueError(f"voice family name {family.name!r}: lowercase letters and digits")
+    old = _FAMILIES.get(family.name)
+    if old is not None and old != family:
+        raise ValueError(f"voice family {family.name!r} is registered twice")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def families() -> Mapping[str, VoiceFamily]:
+    """Every registered family, built-in ones first."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        for module in BUILTIN_FAMILIES:
+            importlib.import_module(module)
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
+    def rank(family: VoiceFamily) -> int:  # built-ins in their order, then the rest
+        module = family.load.__module__
+        return BUILTIN_FAMILIES.index(module) if module in BUILTIN_FAMILIES \
+            else len(BUILTIN_FAMILIES)
+
+    return {f.name: f for f in sorted(_FAMILIES.values(), key=rank)}
+
+
+def family_sections() -> dict[str, type]:
+    """Family name -> its config section class (for ``rtserver.config``)."""
+    return {n: f.section for n, f in families().items() if f.section is not None}
+
+
+def family_of(spec: str) -> VoiceFamily:
+    """The family a spec belongs to; ``UnknownVoice`` (listing them) if none."""
+    known = families()
+    prefix, sep, _ = spec.partition(":")
+    if sep and prefix in known:
+        return known[prefix]
+    if not sep and spec in known:  # "piper": the family's default voice
+        return known[spec]
+    for fam in known.values():
+        if fam.claims is not None and fam.claims(spec):
+            return fam
+    raise UnknownVoice(f"unknown voice {spec!r}: no voice family "
+                       f"{(prefix if sep else spec)!r}; the families are "
+                       f"{', '.join(known)}")
 
 
 @dataclass
 class VoiceSet:
     voices: dict[str, Voice]
     default: str
-    pools: list[SynthesisPool] = field(default_factory=list)
     # Prometheus collectors the voices' engines bring (vLLM's own stats)
     collectors: list[Collector] = field(default_factory=list)
     # voices that share one model warm up through one of them
     warm_up_via: list[Voice] = field(default_factory=list)
+    releases: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
@@ -47,65 +155,46 @@ class VoiceSet:
     async def close(self) -> None:
         for voice in self.voices.values():
             await voice.close()
-        for pool in self.pools:
-            await asyncio.to_thread(pool.close)
+        for release in self.releases:
+            await release()
 
 
-async def load_voices(config: Config, progress: Callable[[str], None]) -> VoiceSet:
-    """Load the default voice and the extra ones; the default's name comes first."""
-    vc = config.voice
-    specs = [vc.default, *[s for s in vc.extra if s != vc.default]]
-    pool: SynthesisPool | None = None
-    voices: dict[str, Voice] = {}
-    pools: list[SynthesisPool] = []
-    default_name = ""
-    collectors: list[Collector] = []
-    runtimes: list[object] = []
-    warm: list[Voice] = []
+async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
+                      progress: Callable[[str], None]) -> VoiceSet:
+    """Load the default voice and the extra ones through their families;
+    ``sections``: family name -> its config section. The default comes first."""
+    specs = [settings.default, *[s for s in settings.extra if s != settings.default]]
+    grouped: dict[str, list[str]] = {}
     for spec in specs:
-        progress(f"loading voice {spec}")
-        if spec.startswith("orpheus"):
-            voice, speakers, runtime, collector = await _load_orpheus(config, spec)
-            if all(runtime is not r for r in runtimes):  # one engine, one collector
-                runtimes.append(runtime)
-                collectors.append(collector)
-                warm.append(voice)
-            for other in speakers:  # every speaker of the one engine is a voice
-                if other.info.name not in voices and other.info.name != voice.info.name:
-                    voices[other.info.name] = other
-        else:
-            if pool is None:
-                workers = vc.threads or (os.cpu_count() or 1)
-                pool = SynthesisPool(workers, name="piper")
-                pools.append(pool)
-            files = (embedded_voice_files() if spec in EMBEDDED_SPECS
-                     else voice_files_from_path(spec))
-            voice = await asyncio.to_thread(PiperVoice, files, pool,
-                                            intra_op_threads=vc.intra_op_threads)
-            warm.append(voice)
-        name = voice.info.name
-        if name in voices:
-            raise ConfigError(f"voice {name} is configured twice")
-        voices[name] = voice
-        default_name = default_name or name
-    # the default first, so ready.voices and /v1/voices list it first
-    ordered = {default_name: voices[default_name],
-               **{n: v for n, v in voices.items() if n != default_name}}
-    return VoiceSet(voices=ordered, default=default_name, pools=pools, collectors=collectors,
-                    warm_up_via=warm)
-
-
-async def _load_orpheus(config: Config, spec: str
-                        ) -> tuple[Voice, list[Voice], object, Collector]:
-    """The voice for ``spec``, every speaker of its engine, the shared runtime and
-    a collector of vLLM's stats."""
+        grouped.setdefault(family_of(spec).name, []).append(spec)
+    known = families()
+    voices: dict[str, Voice] = {}
+    by_spec: dict[str, str] = {}
+    out = VoiceSet(voices={}, default="")
     try:
-        from rtserver.engine.base import EngineCollector
-        from rtserver.voices.orpheus import load_orpheus_voice_from_config
-    except ImportError as exc:  # vllm / torch / snac missing
-        raise ConfigError(f"voice {spec} needs the vLLM extras: {exc}") from None
-    voice = await load_orpheus_voice_from_config(config, spec)
-    runtime = voice.runtime
-    collector = EngineCollector(runtime.engine.stats, engine="vllm",
-                                extra_counters=runtime.counters)
-    return voice, list(runtime.all_voices()), runtime, collector
+        for name, fam_specs in grouped.items():
+            fam = known[name]
+            progress(f"loading voice{'s' if len(fam_specs) > 1 else ''} "
+                     f"{', '.join(fam_specs)}")
+            loaded = await fam.load(fam_specs, sections.get(name), settings, progress)
+            if loaded.release is not None:
+                out.releases.append(loaded.release)
+            out.collectors += loaded.collectors
+            out.warm_up_via += loaded.warm_up_via
+            for vname, voice in loaded.voices.items():
+                if vname in voices:
+                    raise ConfigError(f"voice {vname} is configured twice")
+                voices[vname] = voice
+            by_spec.update(loaded.by_spec)
+        names = [by_spec[s] for s in specs]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"a voice is configured twice: {', '.join(specs)}")
+    except BaseException:
+        out.voices = voices
+        await out.close()
+        raise
+    default = names[0]
+    # the default first, so ready.voices and /v1/voices list it first
+    out.voices = {default: voices[default], **{n: v for n, v in voices.items() if n != default}}
+    out.default = default
+    return out

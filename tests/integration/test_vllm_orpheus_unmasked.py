@@ -16,11 +16,11 @@ import pytest_asyncio
 
 pytest.importorskip("vllm")
 
-from rtserver.testing.tiny_orpheus import write_random_orpheus
-from rtserver.testing.tiny_snac import write_tiny_snac
+from rtserver.vocoder.snac_layout import write_tiny_snac
 from rtserver.voices import orpheus_tokens as ot
 from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest
 from rtserver.voices.orpheus import OrpheusConfig, OrpheusVoice, load_orpheus_voice
+from rtserver.voices.orpheus_layout import write_random_orpheus
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

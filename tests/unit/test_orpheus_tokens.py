@@ -31,7 +31,7 @@ def test_ids_match_upstream() -> None:
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tokenizers import Tokenizer
 
-    from rtserver.testing.tiny_orpheus import write_tiny_orpheus
+    from rtserver.voices.orpheus_layout import write_tiny_orpheus
 
     d = write_tiny_orpheus(Path(tmp_path_factory.mktemp("orpheus")), shape="tiny")
     return Tokenizer.from_file(str(d / "tokenizer.json"))

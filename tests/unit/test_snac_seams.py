@@ -16,10 +16,10 @@ import pytest
 import torch
 from snac.layers import NoiseBlock
 
-from rtserver.testing.tiny_snac import write_tiny_snac
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher, group_windows
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
 from rtserver.vocoder.measure import decode_chunked, measure_reach, random_codes, seam_report
+from rtserver.vocoder.snac_layout import write_tiny_snac
 from rtserver.vocoder.snac_model import (
     SNAC24_CONFIG,
     TINY_SNAC_CONFIG,

@@ -6,7 +6,7 @@ arguments) and ``pytorch_model.bin`` (the model's state dict, saved with
 codebook size (so the code layout and receptive field are the real ones) with
 tiny widths; ``shape="24khz"`` is the real shape (77 MB, for slow tests).
 
-    python -m rtserver.testing.tiny_snac OUT_DIR [--seed N] [--shape tiny|24khz]
+    python -m rtserver.vocoder.snac_layout OUT_DIR [--seed N] [--shape tiny|24khz]
 """
 
 from __future__ import annotations
