@@ -43,9 +43,23 @@ def _run(coro: Any) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rtserver.server.app import serve_forever
+    from rtserver.server.workers import Supervisor, child_command, plan_workers
 
-    config = _config(args, **{"server.host": args.host, "server.port": args.port})
+    config = _config(args, **{"server.host": args.host, "server.port": args.port,
+                              "server.workers": args.workers,
+                              "server.reuse_port": True if args.reuse_port else None})
     _setup_logging(config.server.log_level)
+    s = config.server
+    if s.workers.strip() != "1":
+        plan = plan_workers(s.workers)
+        if s.port == 0:
+            raise ConfigError("server.workers > 1 needs a fixed port (not 0)")
+        passed = [a for name, flag in (("config", "--config"), ("voice", "--voice"),
+                                       ("log_level", "--log-level"), ("host", "--host"),
+                                       ("port", "--port"))
+                  if getattr(args, name) is not None for a in (flag, str(getattr(args, name)))]
+        return Supervisor(child_command(passed), plan, drain_timeout_s=s.drain_timeout_s,
+                          url=f"ws://{s.host}:{s.port}/v1/stream").run()
     _run(serve_forever(config))
     return 0
 
@@ -103,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--workers", metavar="N|gpus",
+                   help="server processes on one port (SO_REUSEPORT): a count, or 'gpus' "
+                   "for one per visible GPU (default 1)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="bind with SO_REUSEPORT, to share the port with other processes")
     p = sub.add_parser("say", help="synthesize text to a WAV file through the pipeline")
     _add_common(p)
     p.add_argument("text", help="text to speak ('-' reads standard input)")

@@ -78,6 +78,15 @@ class ServerConfig:
     fd_margin: int = 256
     web_root: str = ""  # empty: the packaged web_demo/ folder
     log_level: str = "info"
+    # Bind with SO_REUSEPORT so several processes share the port (the kernel
+    # spreads connections); such a process listens only once warmed up.
+    reuse_port: bool = False
+    # Server processes behind the port: a count, or "gpus" for one per visible
+    # GPU (rtserver/server/workers.py); more than 1 sets reuse_port in each.
+    workers: str = "1"
+    # > 0: /metrics also on this port (worker i: metrics_port + i), for scraping
+    # each process of a multi-process server.
+    metrics_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,3 +335,5 @@ def _validate(config: Config) -> None:
         raise ConfigError("admission: 0 < token_ttl_s <= token_max_ttl_s")
     if not 0 <= a.retry_min_ms <= a.retry_max_ms:
         raise ConfigError("admission: 0 <= retry_min_ms <= retry_max_ms")
+    if not 0 <= s.metrics_port <= 65535:
+        raise ConfigError(f"server.metrics_port {s.metrics_port} is out of range")

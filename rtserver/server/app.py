@@ -17,7 +17,11 @@ from rtserver.config import Config
 from rtserver.errors import CloseCode
 from rtserver.server.connection import Connection
 from rtserver.server.http import HttpRoutes
+from rtserver.server.process_metrics import ProcessMetrics
+from rtserver.server.process_metrics import attach as attach_process_metrics
 from rtserver.server.state import AppState
+from rtserver.server.workers import current as current_worker
+from rtserver.server.workers import notify_ready
 from rtserver.voices.registry import VoiceSet, load_voices
 
 log = logging.getLogger("rtserver.server")
@@ -33,6 +37,7 @@ class RtServer:
         self._server: Server | None = None
         self._connections: set[Connection] = set()
         self._encode_pool: ThreadPoolExecutor | None = None
+        self._process_metrics = ProcessMetrics()
 
     @property
     def port(self) -> int:
@@ -50,18 +55,32 @@ class RtServer:
                             default_voice=self.voice_set.default, encode_pool=self._encode_pool)
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
+        self._process_metrics = attach_process_metrics(self.app.metrics.registry, self.config)
+        s = self.config.server
+        if s.reuse_port:
+            # Processes sharing the port: the kernel hands connections to any
+            # listener, so this one listens only once its voices are warm.
+            say(f"warming up {len(self.app.voices)} voice(s)")
+            await self.voice_set.warm_up()
+            await self._listen()
+        else:
+            # One process: listen first, so /health and /ready answer while warming.
+            await self._listen()
+            say(f"warming up {len(self.app.voices)} voice(s)")
+            await self.voice_set.warm_up()
+        self.app.ready = True
+        say(f"ready on ws://{s.host}:{self.port}/v1/stream")
+
+    async def _listen(self) -> None:
+        assert self.app is not None
         s = self.config.server
         self._server = await serve(
             self._handle, s.host, s.port, compression=None,
             max_size=s.max_message_bytes, process_request=HttpRoutes(self.app),
             ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_interval_s or None,
-            close_timeout=5, server_header=None)
+            close_timeout=5, server_header=None, reuse_port=s.reuse_port or None)
         for sock in self._server.sockets:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        say(f"warming up {len(self.app.voices)} voice(s)")
-        await self.voice_set.warm_up()
-        self.app.ready = True
-        say(f"ready on ws://{s.host}:{self.port}/v1/stream")
 
     async def _handle(self, ws: ServerConnection) -> None:
         assert self.app is not None
@@ -87,6 +106,10 @@ class RtServer:
         if self.app is None or self._server is None:
             return
         self.app.draining = True
+        if self.config.server.reuse_port:
+            # Stop accepting: the kernel routes new connections to the other
+            # processes on the port (connections already accepted stay open).
+            self._server.server.close()
         deadline = asyncio.get_running_loop().time() + self.config.server.drain_timeout_s
         while any(c.live for c in self._connections):
             if asyncio.get_running_loop().time() > deadline:
@@ -107,6 +130,7 @@ class RtServer:
         await self._release()
 
     async def _release(self) -> None:
+        self._process_metrics.close()
         if self.voice_set is not None:
             await self.voice_set.close()
         if self._encode_pool is not None:
@@ -122,9 +146,12 @@ async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaita
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await server.start(progress=lambda m: print(f"rtserver: {m}", flush=True))
+    ident = current_worker()
+    name = f"rtserver[{ident.index}]" if ident is not None else "rtserver"
+    await server.start(progress=lambda m: print(f"{name}: {m}", flush=True))
+    notify_ready()
     if on_ready is not None:
         await on_ready(server)
     await stop.wait()
-    print("rtserver: draining", flush=True)
+    print(f"{name}: draining", flush=True)
     await server.drain()

@@ -11,6 +11,7 @@ from rtserver.metrics import Metrics
 from rtserver.pacing.rates import LiveRates, RtfTracker
 from rtserver.pipeline import ServerLoad, VoiceStats
 from rtserver.protocol.messages import Limits, Ready
+from rtserver.server.workers import current as current_worker
 from rtserver.voices.base import Voice
 from rtserver.voices.registry import families
 
@@ -47,8 +48,10 @@ class AppState:
 
     def ready_message(self) -> Ready:
         s = self.config.server
+        worker = current_worker()  # several processes on one port: which one this is
+        server = f"rtserver/{__version__}" + (f" ({worker.describe()})" if worker else "")
         return Ready(
-            server=f"rtserver/{__version__}", voices=tuple(self.voices),
+            server=server, voices=tuple(self.voices),
             default_voice=self.default_voice,
             limits=Limits(max_message_bytes=s.max_message_bytes,
                           max_text_chars=s.max_text_chars, max_contexts=s.max_contexts))

@@ -1,0 +1,230 @@
+"""Several server processes behind one port: ``rtserver serve --workers 2`` on
+the CPU with two Piper processes. Connections spread over both (each says
+which process it is in ``ready``); SIGTERM to one drains it (its open stream
+finishes) while the other keeps serving; a crashed one is restarted; SIGTERM to
+the supervisor drains both and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rtserver.client import AudioFrames, RtClient
+from rtserver.errors import ConfigError
+from rtserver.server.workers import WorkerIdentity, plan_workers, visible_gpus
+from tests.deploy.util import free_port, scrape
+
+WORKER = re.compile(r"worker (\d+) of (\d+), pid (\d+)")
+LONG_TEXT = " ".join(["The server keeps speaking while its neighbour takes the new calls."] * 5)
+
+
+# --- the plan --------------------------------------------------------------------------
+def test_plan_counts_and_gpus() -> None:
+    assert plan_workers("3").gpus == ("", "", "")
+    assert plan_workers("gpus", gpus=lambda: ["0", "1"]).gpus == ("0", "1")
+    with pytest.raises(ConfigError, match="no GPU is visible"):
+        plan_workers("gpus", gpus=lambda: [])
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(ConfigError, match=r"server\.workers"):
+            plan_workers(bad)
+
+
+def test_visible_gpus_reads_cuda_visible_devices_like_cuda() -> None:
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-a1b2,GPU-c3d4"}) == ["GPU-a1b2",
+                                                                           "GPU-c3d4"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0"]  # CUDA stops at -1
+
+    def smi(*args: object, **kw: object) -> subprocess.CompletedProcess[str]:
+        out = "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n"
+        return subprocess.CompletedProcess(["nvidia-smi"], 0, out, "")
+
+    assert visible_gpus({}, run=smi) == ["0", "1"]
+
+    def missing(*args: object, **kw: object) -> subprocess.CompletedProcess[str]:
+        raise FileNotFoundError("nvidia-smi")
+
+    assert visible_gpus({}, run=missing) == []
+
+
+def test_identity_from_the_supervisors_environment() -> None:
+    ident = WorkerIdentity.from_env({"RTSERVER_WORKER_ID": "1", "RTSERVER_WORKER_COUNT": "2",
+                                     "RTSERVER_WORKER_GPU": "3"})
+    assert ident is not None and (ident.index, ident.count, ident.gpu) == (1, 2, "3")
+    assert WORKER.search(ident.describe())
+    assert WorkerIdentity.from_env({}) is None
+
+
+def test_workers_need_a_fixed_port() -> None:
+    proc = subprocess.run([sys.executable, "-m", "rtserver", "serve", "--workers", "2",
+                           "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "fixed port" in proc.stderr
+
+
+# --- two processes on one port ---------------------------------------------------------
+class Supervised:
+    """``rtserver serve --workers 2`` as a subprocess; its output collected."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.metrics_base = free_port()
+        env = dict(os.environ, RTSERVER_SERVER_METRICS_PORT=str(self.metrics_base),
+                   RTSERVER_SERVER_DRAIN_TIMEOUT_S="20")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rtserver", "serve", "--workers", "2",
+             "--port", str(self.port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, text=True)
+        self.lines: list[str] = []
+        self._new = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._new:
+                self.lines.append(line.rstrip())
+                self._new.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 120.0, after: int = 0) -> re.Match[str]:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._new:
+            while True:
+                for line in self.lines[after:]:
+                    if m := rx.search(line):
+                        return m
+                left = deadline - time.monotonic()
+                exited = self.proc.poll() is not None
+                if left <= 0 or (exited and not self._new.wait(0.5)):
+                    raise AssertionError(f"no line like {pattern!r}:\n" + "\n".join(self.lines))
+                self._new.wait(min(left, 0.5))
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/stream"
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[Supervised]:
+    sup = Supervised(tmp_path)
+    try:
+        sup.wait_for(r"2 of 2 workers ready")
+        yield sup
+    finally:
+        if sup.proc.poll() is None:
+            os.kill(sup.proc.pid, signal.SIGTERM)
+            try:
+                sup.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.kill(sup.proc.pid, signal.SIGKILL)
+                sup.proc.wait(10)
+
+
+async def connect_to(url: str, want_pid: int | None = None, tries: int = 64
+                     ) -> tuple[RtClient, int]:
+    """A connection (to the process ``want_pid`` if given) and its server's pid."""
+    for _ in range(tries):
+        client = await RtClient.connect(url)
+        m = WORKER.search(client.ready.server)
+        assert m, client.ready.server
+        pid = int(m.group(3))
+        if want_pid is None or pid == want_pid:
+            return client, pid
+        await client.close()
+    raise AssertionError(f"{tries} connections never reached pid {want_pid}")
+
+
+async def speak(client: RtClient, text: str) -> float:
+    ctx = await client.start(format="pcm_s16le", sample_rate=16000)
+    await ctx.send_text(text)
+    await ctx.end()
+    result = await ctx.collect()
+    assert result.ok, (result.error, result.failure)
+    return result.audio_ms
+
+
+@pytest.mark.slow
+async def test_two_processes_share_the_port_and_drain_one_by_one(
+        supervised: Supervised) -> None:
+    url = supervised.url
+    # connections spread: the kernel hashes each new connection to a listener
+    pids: dict[int, int] = {}
+    for _ in range(64):
+        client, pid = await connect_to(url)
+        await client.close()
+        pids[pid] = pids.get(pid, 0) + 1
+        if len(pids) == 2 and min(pids.values()) >= 2:
+            break
+    assert len(pids) == 2, pids
+    # each process serves its own /metrics, labelled with its worker
+    infos = [scrape(f"http://127.0.0.1:{supervised.metrics_base + i}/metrics")
+             for i in (0, 1)]
+    labels = [re.search(r'rtserver_worker_info\{[^}]*pid="(\d+)"[^}]*worker="(\d)"', body)
+              for body in infos]
+    assert all(labels), infos
+    assert {int(m.group(1)) for m in labels if m} == set(pids)
+    assert [m.group(2) for m in labels if m] == ["0", "1"]
+
+    # a long stream on one process, then SIGTERM to that process alone
+    victim = next(iter(pids))
+    client, _ = await connect_to(url, want_pid=victim)
+    ctx = await client.start(format="pcm_s16le", sample_rate=16000)
+    await ctx.send_text(LONG_TEXT)
+    await ctx.end()
+    heard_ms = 0  # read until audio flows
+    async with contextlib.aclosing(ctx.events()) as events:
+        async for event in events:
+            if isinstance(event, AudioFrames):
+                heard_ms += len(event.frames) * 20
+                break
+    mark = len(supervised.lines)
+    os.kill(victim, signal.SIGTERM)
+    supervised.wait_for(r"rtserver\[\d\]: draining", timeout=30, after=mark)
+    # the other process takes every new connection meanwhile, and serves it
+    others = set()
+    for _ in range(4):
+        other, pid = await connect_to(url)
+        others.add(pid)
+        assert await speak(other, "Still here.") > 300
+        await other.close()
+    assert others and victim not in others
+    # the drained stream finished: done, with all of its audio
+    rest = await ctx.collect(decode=False)
+    assert rest.ok, (rest.error, rest.failure)
+    heard_ms += rest.frame_count * 20
+    assert heard_ms > 10_000, heard_ms  # five long sentences, every frame of them
+    await client.close()
+    m = supervised.wait_for(r"worker (\d) exited \(0\)", timeout=60, after=mark)
+    supervised.wait_for(r"1 of 2 workers ready", timeout=10, after=mark)
+    assert supervised.proc.poll() is None  # the supervisor keeps the other one
+
+    # a crash is restarted while the survivor serves
+    survivor = next(iter(others))
+    mark = len(supervised.lines)
+    os.kill(survivor, signal.SIGKILL)
+    supervised.wait_for(r"worker \d died \(-9\); restarting in 1 s", timeout=30, after=mark)
+    mark = len(supervised.lines)
+    supervised.wait_for(r"1 of 2 workers ready", timeout=120, after=mark)
+    client, pid = await connect_to(url)
+    assert pid not in (victim, survivor)
+    assert await speak(client, "Back again.") > 300
+    await client.close()
+    assert m.group(1) in "01"
+
+    # SIGTERM to the supervisor: the rest drain, exit status 0
+    os.kill(supervised.proc.pid, signal.SIGTERM)
+    assert await asyncio.to_thread(supervised.proc.wait, 60) == 0
