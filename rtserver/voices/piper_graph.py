@@ -1,0 +1,244 @@
+"""Split a Piper (VITS) ONNX graph at its waveform decoder's input.
+
+A Piper voice is one graph: text encoder, duration predictor and flow make
+the latent ``z`` (``[batch, channels, frames]``), then a HiFi-GAN decoder
+turns ``z`` into audio. The decoder is purely convolutional, so it can run
+on windows of ``z`` (``rtserver.vocoder.chunking``); the front runs once per
+sentence. ``split_voice`` cuts the graph with ``onnx.utils.Extractor`` at the
+decoder's input, found from the graph's structure (any Piper export, however
+its tensors are named), measures the decoder's hop and receptive field by
+perturbation, and caches the two graphs and the figures on disk.
+
+Finding the cut: the decoder's first upsampling layer is the graph's first
+``ConvTranspose`` (the encoder, duration predictor and flow have none). Its
+input is ``LeakyRelu(conv_pre(z))``, or ``LeakyRelu(conv_pre(z) + cond(g))``
+for a multi-speaker voice (VITS ``Generator.forward``); ``z`` and the speaker
+embedding ``g`` are those two convolutions' inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rtserver.errors import ConfigError
+
+# Bump when the files or the figures in the cache change meaning.
+CACHE_VERSION = 1
+_ACTIVATIONS = ("LeakyRelu", "Relu")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderCut:
+    """Tensor names at the decoder's input: ``z``, and ``g`` if multi-speaker."""
+
+    z: str
+    g: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitVoice:
+    """The two graphs of one voice and what was measured about the decoder."""
+
+    front: Path  # phoneme ids, lengths, scales (, sid) -> z (, g)
+    decoder: Path  # z (, g) -> audio
+    cut: DecoderCut
+    hop: int  # output samples per frame of z
+    # One-sided receptive field in output samples: changing frame t of z
+    # changes no sample more than this before t's span or after it.
+    support: int
+
+
+def find_decoder_cut(model: Any) -> DecoderCut:
+    """The decoder's input tensors in an ``onnx.ModelProto`` of a Piper voice."""
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    weights = {t.name: list(t.dims) for t in graph.initializer}
+    up = next((n for n in graph.node if n.op_type == "ConvTranspose"), None)
+    if up is None:
+        raise ConfigError("not a Piper VITS graph: no ConvTranspose (decoder upsampling)")
+    node = producer.get(up.input[0])
+    while node is not None and node.op_type in _ACTIVATIONS:
+        node = producer.get(node.input[0])
+    if node is None:
+        raise ConfigError("not a Piper VITS graph: nothing computes the decoder's input")
+    convs = [node] if node.op_type == "Conv" else [
+        producer[x] for x in node.input if x in producer and producer[x].op_type == "Conv"]
+    if node.op_type not in ("Conv", "Add") or len(convs) != (1 if node.op_type == "Conv" else 2):
+        raise ConfigError(f"not a Piper VITS graph: the decoder starts with {node.op_type}, "
+                          "expected Conv (or Conv + speaker Conv)")
+    if len(convs) == 1:
+        return DecoderCut(z=convs[0].input[0], g=None)
+    # conv_pre has a wide kernel (7); the speaker projection ``cond`` is 1 wide.
+    kernels = [weights.get(c.input[1], [0, 0, 0])[-1] for c in convs]
+    if kernels[0] == kernels[1]:
+        raise ConfigError("not a Piper VITS graph: cannot tell conv_pre from the speaker conv")
+    pre, cond = (convs[0], convs[1]) if kernels[0] > kernels[1] else (convs[1], convs[0])
+    return DecoderCut(z=pre.input[0], g=cond.input[0])
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/rtserver`` (``~/.cache/rtserver``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rtserver"
+
+
+def split_voice(model_path: Path, cache_dir: Path | None = None) -> SplitVoice:
+    """The voice's split graphs, from the cache or made (and cached) now.
+
+    The cache key is the model file's SHA-256, so a changed file is split
+    again. A cache folder that cannot be written falls back to a temporary
+    one (the split then happens on every start: a few seconds).
+    """
+    digest = _sha256(model_path)
+    root = (cache_dir or default_cache_dir()) / "piper-split"
+    folder = root / f"{digest[:24]}-v{CACHE_VERSION}"
+    found = _load_cached(folder)
+    if found is not None:
+        return found
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".split-", dir=root))
+    except OSError:
+        work = Path(tempfile.mkdtemp(prefix="rtserver-piper-split-"))
+        folder = work / "split"
+    try:
+        _split_into(model_path, work)
+        try:
+            work.rename(folder)  # atomic: another process may have won; both are valid
+        except OSError:
+            if _load_cached(folder) is None:
+                raise
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    split = _load_cached(folder)
+    if split is None:
+        raise ConfigError(f"Piper voice {model_path}: the split graphs did not load back")
+    return split
+
+
+def _split_into(model_path: Path, out: Path) -> None:
+    import onnx
+    import onnx.shape_inference
+    import onnx.utils
+
+    try:
+        model = onnx.load(str(model_path))
+    except Exception as exc:  # onnx raises DecodeError and friends
+        raise ConfigError(f"Piper voice model {model_path}: {exc}") from None
+    cut = find_decoder_cut(model)
+    inputs = [i.name for i in model.graph.input]
+    outputs = [o.name for o in model.graph.output]
+    cut_names = [cut.z] + ([cut.g] if cut.g else [])
+    # The extractor needs a value_info for each new input/output: infer them,
+    # and declare any the inference missed (rank 3 float: [batch, ch, time]).
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is best effort; the declarations below suffice
+        pass
+    known = {v.name for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
+    for name in cut_names:
+        if name not in known:
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(
+                name, onnx.TensorProto.FLOAT, ["batch", "channels", "time"]))
+    extractor = onnx.utils.Extractor(model)
+    onnx.save(extractor.extract_model(inputs, cut_names), str(out / "front.onnx"))
+    onnx.save(extractor.extract_model(cut_names, outputs), str(out / "decoder.onnx"))
+    hop, support = measure_decoder(out / "front.onnx", out / "decoder.onnx", cut)
+    meta = {"version": CACHE_VERSION, "z": cut.z, "g": cut.g, "hop": hop, "support": support,
+            "onnx": onnx.__version__}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def _load_cached(folder: Path) -> SplitVoice | None:
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    front, decoder = folder / "front.onnx", folder / "decoder.onnx"
+    if meta.get("version") != CACHE_VERSION or not (front.is_file() and decoder.is_file()):
+        return None
+    return SplitVoice(front=front, decoder=decoder,
+                      cut=DecoderCut(z=str(meta["z"]), g=meta["g"] and str(meta["g"])),
+                      hop=int(meta["hop"]), support=int(meta["support"]))
+
+
+def measure_decoder(front: Path, decoder: Path, cut: DecoderCut, *, frames: int = 96,
+                    positions: int = 3, seed: int = 0) -> tuple[int, int]:
+    """``(hop, support)`` of the decoder, measured by perturbation.
+
+    ``z`` is random with the spread of a real one (from the front on a few
+    phoneme ids); one frame at a time gets a large random change, and the
+    support is the farthest output sample, beyond the frame's own span,
+    that changed at all. Unaffected samples are bit-identical (same shapes,
+    same kernels), so "at all" is exact. The window doubles until the change
+    stays inside it.
+    """
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = 1
+    front_s = onnxruntime.InferenceSession(str(front), sess_options=opts,
+                                           providers=["CPUExecutionProvider"])
+    dec_s = onnxruntime.InferenceSession(str(decoder), sess_options=opts,
+                                         providers=["CPUExecutionProvider"])
+    feed: dict[str, np.ndarray] = {}
+    for inp in front_s.get_inputs():
+        if inp.name == "input":
+            feed[inp.name] = np.arange(1, 33, dtype=np.int64)[None, :] % 40 + 1
+        elif inp.name == "input_lengths":
+            feed[inp.name] = np.asarray([32], dtype=np.int64)
+        elif inp.name == "scales":
+            feed[inp.name] = np.asarray([0.667, 1.0, 0.8], dtype=np.float32)
+        elif inp.name == "sid":
+            feed[inp.name] = np.asarray([0], dtype=np.int64)
+        else:
+            raise ConfigError(f"Piper front graph has an unknown input {inp.name!r}")
+    got = front_s.run(None, feed)
+    z_real = np.asarray(got[0], dtype=np.float32)
+    g = np.asarray(got[1], dtype=np.float32) if cut.g else None
+    rng = np.random.default_rng(seed)
+    while True:
+        z = (rng.standard_normal((1, z_real.shape[1], frames)) * (z_real.std() or 1.0)
+             ).astype(np.float32)
+        base = _decode(dec_s, cut, z, g)
+        hop = base.size // frames
+        if hop * frames != base.size:
+            raise ConfigError(f"Piper decoder: {base.size} samples for {frames} frames")
+        support = 0
+        for t in np.linspace(frames // 3, 2 * frames // 3, positions).astype(int):
+            zp = z.copy()
+            zp[:, :, t] += (3.0 * z.std() * rng.standard_normal(z.shape[1])).astype(np.float32)
+            changed = np.nonzero(_decode(dec_s, cut, zp, g) != base)[0]
+            if changed.size:
+                support = max(support, int(t * hop - changed.min()),
+                              int(changed.max() + 1 - (t + 1) * hop))
+        if support < (frames // 3) * hop or frames >= 4096:
+            return hop, support
+        frames *= 2
+
+
+def _decode(session: Any, cut: DecoderCut, z: np.ndarray, g: np.ndarray | None) -> np.ndarray:
+    feed = {cut.z: z} if g is None or cut.g is None else {cut.z: z, cut.g: g}
+    return np.asarray(session.run(None, feed)[0], dtype=np.float32).reshape(-1)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as exc:
+        raise ConfigError(f"Piper voice model {path}: {exc}") from None
+    return h.hexdigest()

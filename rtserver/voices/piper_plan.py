@@ -1,0 +1,88 @@
+"""How a Piper sentence's decoder work is cut into chunks. Pure: no onnx.
+
+The front (encoder, duration predictor, flow) gives all of a sentence's
+latent frames at once; the decoder then runs on windows of them, planned by
+``rtserver.vocoder.chunking`` as if the frames arrived one at a time, so the
+chunks grow: a small first chunk (TTFA), then each ``growth`` times the last
+up to ``max_chunk_ms``. Context and lookahead are the decoder's measured
+receptive field (``piper_graph.measure_decoder``: 2582 samples for
+``en_US-joe-medium``), so every seam equals the whole-sentence decode up to
+float rounding; the crossfade (windows summing to one) hides that rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob
+
+# The front's compute per frame of latent, relative to the decoder's, for the
+# hint's cost model: 0.33 measured on en_US-joe-medium on this 2-core CPU
+# (one thread, a 229-frame sentence: front 65 ms, decoder 198 ms;
+# ``python -m rtserver.voices.piper_measure costs``).
+FRONT_COST_RATIO = 0.33
+
+
+@dataclass(frozen=True, slots=True)
+class PiperChunking:
+    """Chunk sizes in milliseconds of audio (converted with the voice's rate)."""
+
+    first_chunk_ms: float = 60.0  # audio of the first chunk (TTFA)
+    growth: float = 2.0
+    max_chunk_ms: float = 1500.0  # one decode call: ~0.1 s of one core at most
+
+    def __post_init__(self) -> None:
+        if not self.first_chunk_ms > 0:
+            raise ValueError("first_chunk_ms must be > 0")
+        if not self.growth >= 1.0:
+            raise ValueError("growth must be >= 1")
+        if not self.max_chunk_ms >= self.first_chunk_ms:
+            raise ValueError("max_chunk_ms must be >= first_chunk_ms")
+
+
+def chunk_config(hop: int, support: int, sample_rate: int,
+                 chunking: PiperChunking | None = None) -> ChunkConfig:
+    """The planner's geometry for a decoder of ``hop`` samples per frame."""
+    c = chunking or PiperChunking()
+    crossfade = max(1, hop // 2)
+    first_samples = math.ceil(c.first_chunk_ms * sample_rate / 1000.0)
+    first_frames = math.ceil((first_samples + support + crossfade) / hop)
+    max_frames = max(first_frames, math.ceil(c.max_chunk_ms * sample_rate / 1000.0 / hop))
+    return ChunkConfig(samples_per_frame=hop, first_frames=first_frames, growth=c.growth,
+                       max_chunk_frames=max_frames, context_samples=support,
+                       first_lookahead_samples=support, lookahead_samples=support,
+                       crossfade_samples=crossfade)
+
+
+def sentence_jobs(config: ChunkConfig, n_frames: int) -> list[DecodeJob]:
+    """Every decode of a sentence of ``n_frames`` latent frames, in order."""
+    planner = ChunkPlanner(config)
+    jobs: list[DecodeJob] = []
+    for _ in range(n_frames):
+        jobs.extend(planner.push(1))
+    jobs.extend(planner.finish())
+    return jobs
+
+
+def hint_plan(config: ChunkConfig, sample_rate: int, n_chunks: int = 6
+              ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(chunk_plan_ms, chunk_cost_ms)`` for ``VoiceInfo`` (the hint maths).
+
+    The plan is the first ``n_chunks`` chunks of a long sentence. A chunk's
+    cost is the share of the sentence's measured generation time it waits
+    for, in audio ms (the hint multiplies it by the measured rtf, which is
+    time / audio over whole segments): proportional to its decode window,
+    and the first chunk's also carries the front's work for all of them.
+    """
+    f = config.samples_per_frame
+    jobs = sentence_jobs(config, config.first_frames + sum(
+        config.chunk_frames(k) for k in range(1, n_chunks)) + 2 * config.lookahead_samples // f
+        + 2)[:n_chunks]
+    plan = [1000.0 * (j.emit_end - j.emit_start) / sample_rate for j in jobs]
+    frames = sum(j.emit_end - j.emit_start for j in jobs) / f
+    work = [float(j.n_frames) for j in jobs]
+    work[0] += FRONT_COST_RATIO * frames
+    total_ms, total_work = sum(plan), sum(work)
+    cost = [total_ms * w / total_work for w in work]
+    return tuple(round(p, 3) for p in plan), tuple(round(c, 3) for c in cost)
