@@ -145,7 +145,8 @@ def test_seams_match_the_whole_sentence_decode() -> None:
         ids = piper.phonemes_to_ids(piper.phonemize(
             "The quick brown fox jumps over the lazy dog, then naps in the warm sun.")[0])
         z = front.run(None, {"input": np.asarray([ids]), "input_lengths": np.asarray([len(ids)]),
-                             "scales": np.asarray([0.667, 1.0, 0.8], dtype=np.float32)})[0]
+                             # no noise: the same latent every run
+                             "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)})[0]
         whole = decoder.run(None, {split.cut.z: z})[0].reshape(-1)
         jobs = sentence_jobs(cfg, z.shape[2])
         assert len(jobs) >= 3
@@ -167,11 +168,13 @@ def test_seams_match_the_whole_sentence_decode() -> None:
           f"{len(jobs) - 1} seams ({everywhere_db:.1f} dB anywhere); receptive field "
           f"{split.support} samples")
     assert seam_db <= -40.0
-    # The geometry is what makes it exact: without the left context a seam breaks.
-    short = jobs[2]
-    s0 = short.emit_start // 256
-    bare = decoder.run(None, {split.cut.z: np.ascontiguousarray(
-        z[:, :, s0:short.end_frame])})[0].reshape(-1)
-    err = np.abs(bare[:1024] - whole[s0 * 256:s0 * 256 + 1024]).max()
-    print(f"without left context: {20 * math.log10(err / rms):.1f} dB")
-    assert 20 * math.log10(err / rms) > -40.0
+    # The geometry is what makes it exact: without the left context seams break.
+    bare_db = []
+    for job in jobs[1:]:
+        s0 = job.emit_start // 256
+        bare = decoder.run(None, {split.cut.z: np.ascontiguousarray(
+            z[:, :, s0:job.end_frame])})[0].reshape(-1)
+        err = float(np.abs(bare[:1024] - whole[s0 * 256:s0 * 256 + 1024]).max())
+        bare_db.append(20 * math.log10(max(err, 1e-12) / rms))
+    print(f"without left context: worst {max(bare_db):.1f} dB")
+    assert max(bare_db) > -40.0
