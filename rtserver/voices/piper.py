@@ -79,8 +79,11 @@ def voice_files_from_path(path: str | Path) -> PiperFiles:
 
 
 def _import_piper() -> tuple[Any, Any]:
-    """piper-tts (GPL-3.0-or-later), imported only here: the optional extra."""
+    """piper-tts (GPL-3.0-or-later), imported only here, and the rest of the
+    optional extra ``rtserver[piper]``."""
     try:
+        import onnx  # noqa: F401  (piper_graph splits the graph with it)
+        import onnxruntime  # noqa: F401
         from piper import PiperVoice as _Piper
         from piper.config import PiperConfig
     except ImportError as exc:
@@ -111,9 +114,9 @@ class PiperVoice:
 
     def __init__(self, files: PiperFiles, pool: SynthesisPool, *, intra_op_threads: int = 1,
                  cache_dir: Path | None = None, chunking: PiperChunking | None = None) -> None:
+        piper_cls, config_cls = _import_piper()
         import onnxruntime
 
-        piper_cls, config_cls = _import_piper()
         try:
             config_dict = json.loads(files.config.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
