@@ -114,6 +114,12 @@ class EngineFailed(RtError):
     code = ErrorCode.ENGINE_FAILED
 
 
+class EngineDead(EngineFailed):
+    """The engine behind a voice is gone (vLLM's ``EngineDeadError``, a torch
+    engine's crashed thread): this context fails, the voice stays down, and the
+    server drains and exits non-zero so that its orchestrator restarts it."""
+
+
 class EngineUnavailable(EngineFailed):
     """The voice's circuit breaker is open (or its engine is dead): new contexts
     fail fast; ``retry_after_ms`` when a probe will be let through."""

@@ -48,7 +48,7 @@ from rtserver.engine.base import (
     HistogramAccumulator,
     TokenRequest,
 )
-from rtserver.errors import ConfigError, EngineFailed
+from rtserver.errors import ConfigError, EngineDead, EngineFailed
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -355,7 +355,7 @@ class VllmEngine:
         if llm is None:
             raise EngineFailed("the vLLM engine is not started")
         if self._dead is not None or llm.errored:
-            raise EngineFailed("the vLLM engine has died")
+            raise EngineDead("the vLLM engine has died")
         params = self.sampling_params(request)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         priority = request.priority if self.config.priority_scheduling else 0
@@ -392,8 +392,10 @@ class VllmEngine:
             live.failed += 1
             from vllm.v1.engine.exceptions import EngineDeadError
 
-            if isinstance(exc, EngineDeadError):
+            if isinstance(exc, EngineDeadError) or llm.errored:
                 self._dead = exc
+                raise EngineDead(f"vLLM died during request {rid}: {type(exc).__name__}: "
+                                 f"{exc}") from exc
             raise EngineFailed(f"vLLM failed request {rid}: {type(exc).__name__}: {exc}"
                                ) from exc
         finally:

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from rtserver.config import AdmissionConfig
-from rtserver.errors import Busy, RateLimited
+from rtserver.config import AdmissionConfig, ServerConfig
+from rtserver.errors import Busy, ControlFlood, EngineUnavailable, RateLimited
 from rtserver.pacing.hints import prebuffer_ms
 from rtserver.server.admission import (
     LoadAdmission,
@@ -16,6 +16,7 @@ from rtserver.server.admission import (
     TokenBucket,
     predicted_first_heard_ms,
 )
+from rtserver.server.gate import Gate, MessagePace, plan_first_chunks, reject_reason
 
 
 def test_bucket_bursts_then_goes_at_its_rate() -> None:
@@ -117,3 +118,61 @@ def test_load_admission_refuses_over_the_target_with_retry_after() -> None:
 
 def test_load_admission_off() -> None:
     LoadAdmission(dataclasses.replace(AdmissionConfig(), first_heard_target_ms=0)).check(1e9)
+
+
+# --- the gate -------------------------------------------------------------------------
+
+def gate(**kw: float) -> Gate:
+    return Gate(dataclasses.replace(AdmissionConfig(), **kw), ["v:a", "v:b"])  # type: ignore[arg-type]
+
+
+def test_gate_start_checks_in_order_and_says_why() -> None:
+    g = gate(contexts_per_minute=60, first_heard_target_ms=500, breaker_failures=1)
+    g.start("k", "v:a", 0.0, "c1", lambda: 100.0)
+    with pytest.raises(Busy) as info:
+        g.start("k", "v:a", 0.0, "c2", lambda: 900.0)
+    assert reject_reason(info.value) == "overloaded" and info.value.retry_after_ms == 400
+    g.voice_failed("v:a", 0.0, "boom")
+    with pytest.raises(EngineUnavailable) as e2:
+        g.start("k", "v:a", 1.0, "c3", lambda: 100.0)
+    assert reject_reason(e2.value) == "breaker_open"
+    assert g.ready(1.0) == (False, "voice down: v:a")
+    assert not g.engine_up("v:a", 1.0) and g.engine_up("v:b", 1.0)
+    g.draining = True
+    with pytest.raises(Busy) as e3:
+        g.start("k", "v:b", 1.0, "c4", lambda: 100.0)
+    assert reject_reason(e3.value) == "draining" and e3.value.retry_after_ms
+    assert g.ready(1.0)[0] is False
+
+
+def test_gate_dead_voice_and_prediction_not_asked_when_off() -> None:
+    g = gate(first_heard_target_ms=0)
+
+    def never() -> float:
+        raise AssertionError("prediction asked for with the target off")
+    g.start("k", "v:a", 0.0, "c", never)
+    g.voice_failed("v:b", 0.0, "EngineDead", dead=True)
+    assert g.engine_dead and not g.engine_up("v:b", 1e6)
+
+
+def test_message_pace_throttles_then_calls_a_sustained_flood() -> None:
+    cfg = dataclasses.replace(ServerConfig(), messages_per_s=100.0, message_burst=10)
+    pace = MessagePace(cfg, 0.0)
+    assert [pace.wait_s(0.0) for _ in range(10)] == [0.0] * 10
+    now = 0.0
+    with pytest.raises(ControlFlood):
+        for _ in range(1000):  # a reader that sleeps as told, a client always there
+            now += pace.wait_s(now)
+    assert 3.0 < now < 3.2
+    pace = MessagePace(cfg, 0.0)
+    now = 0.0
+    for _ in range(2000):  # a client at 90 a second is never called a flood
+        assert pace.wait_s(now) == 0.0
+        now += 1 / 90
+
+
+def test_first_chunk_plan() -> None:
+    chunks, cost = plan_first_chunks((60.0, 120.0), (90.0, 150.0), 65.0, lambda k: 250)
+    assert chunks == [60.0, 120.0] and cost == [90.0, 150.0]
+    chunks, cost = plan_first_chunks((), (), 50.0, lambda k: 80 if k else 250)
+    assert chunks == [36 * 50.0] + [80 * 50.0] * 4 and cost is None

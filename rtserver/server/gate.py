@@ -1,0 +1,172 @@
+"""One server's admission policy, pure (``now`` is passed in): what the
+transport and the connections ask before they take on work.
+
+- ``Gate.connection``: rate limit of new connections per client key.
+- ``Gate.start``: a new context: refused while draining (``overloaded``), by
+  the voice's circuit breaker (``engine_failed``), by the per-key context
+  rate (``rate_limited``) or when its predicted time to first heard audio
+  misses the target (``overloaded``); each refusal carries ``retry_after_ms``.
+- ``Gate.text``: the per-key character rate.
+- ``Gate.ready``: what ``/ready`` answers (every voice up, not draining).
+- ``MessagePace``: one connection's message rate: the reader waits when the
+  client sends faster than ``messages_per_s`` (after a burst), and a client
+  that keeps it waiting for ``flood_after_s`` is a flood (1008).
+
+Every refusal is counted in ``rtserver_rejected_total{reason}`` by the caller
+through ``reject_reason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from rtserver.config import AdmissionConfig, ServerConfig
+from rtserver.errors import (
+    Busy,
+    ControlFlood,
+    EngineUnavailable,
+    RateLimited,
+    RtError,
+)
+from rtserver.server.admission import (
+    LoadAdmission,
+    RateLimits,
+    TokenBucket,
+    predicted_first_heard_ms,
+)
+from rtserver.server.breaker import BreakerState, CircuitBreaker
+
+# A client that keeps its connection's reader waiting this long is flooding.
+FLOOD_AFTER_S = 3.0
+# Retry after a refusal while draining: time for a reconnect to reach another
+# process (a load balancer notices /ready 503 within a probe period or two).
+DRAINING_RETRY_MS = 1000
+# Words the eager first segment holds at most (SegmenterConfig.first_max_words
+# is 6) times characters per English word with its space (about 6).
+FIRST_SEGMENT_CHARS = 36
+
+
+def reject_reason(err: RtError) -> str:
+    """The ``rtserver_rejected_total`` reason of a refusal."""
+    if isinstance(err, ControlFlood):
+        return "control_flood"
+    if isinstance(err, RateLimited):
+        return "rate_limited"
+    if isinstance(err, EngineUnavailable):
+        return "breaker_open"
+    if isinstance(err, Busy):
+        return "draining" if getattr(err, "draining", False) else "overloaded"
+    return err.code.value
+
+
+class Draining(Busy):
+    """A ``start`` while the server drains."""
+
+    draining = True
+
+
+def plan_first_chunks(chunk_plan_ms: Sequence[float], chunk_cost_ms: Sequence[float],
+                      audio_ms_per_char: float, limit: Callable[[int], int]
+                      ) -> tuple[list[float], list[float] | None]:
+    """The chunks a new context's hint will plan with (as the pipeline does):
+    a streaming voice's own chunk plan, else a first segment of
+    ``FIRST_SEGMENT_CHARS`` and four more at the segmenter's limits."""
+    if chunk_plan_ms:
+        cost = list(chunk_cost_ms) if len(chunk_cost_ms) == len(chunk_plan_ms) else None
+        return list(chunk_plan_ms), cost
+    first = min(limit(0), FIRST_SEGMENT_CHARS) * audio_ms_per_char
+    return [first, *(limit(k) * audio_ms_per_char for k in range(1, 5))], None
+
+
+class Gate:
+    def __init__(self, config: AdmissionConfig, voices: Iterable[str]) -> None:
+        self.config = config
+        self.rates = RateLimits(config)
+        self.load = LoadAdmission(config)
+        self.breakers = {v: CircuitBreaker(v, config.breaker_failures,
+                                           config.breaker_cooldown_s,
+                                           config.breaker_max_cooldown_s) for v in voices}
+        self.draining = False
+
+    def connection(self, key: str, now: float) -> None:
+        self.rates.connection(key, now)
+
+    def start(self, key: str, voice: str, now: float, context: str,
+              predicted_ms: Callable[[], float]) -> None:
+        """Admit a new context or raise its refusal. ``predicted_ms`` is asked
+        only when the cheaper checks pass (and the target is on)."""
+        if self.draining:
+            raise Draining("the server is draining; reconnect to try again",
+                           context=context, retry_after_ms=DRAINING_RETRY_MS)
+        breaker = self.breakers.get(voice)
+        if breaker is not None:
+            breaker.admit(now, context)
+        self.rates.context(key, now, context)
+        if self.config.first_heard_target_ms > 0:
+            self.load.check(predicted_ms(), context)
+
+    def text(self, key: str, chars: int, now: float, context: str) -> None:
+        self.rates.chars(key, chars, now, context)
+
+    def voice_succeeded(self, voice: str, now: float) -> None:
+        breaker = self.breakers.get(voice)
+        if breaker is not None:
+            breaker.success(now)
+
+    def voice_failed(self, voice: str, now: float, reason: str, *, dead: bool = False) -> None:
+        breaker = self.breakers.get(voice)
+        if breaker is None:
+            return
+        if dead:
+            breaker.dead(reason)
+        else:
+            breaker.failure(now, reason)
+
+    def engine_up(self, voice: str, now: float) -> bool:
+        breaker = self.breakers.get(voice)
+        return breaker is None or breaker.up(now)
+
+    @property
+    def engine_dead(self) -> bool:
+        return any(b.state is BreakerState.DEAD for b in self.breakers.values())
+
+    def ready(self, now: float) -> tuple[bool, str]:
+        """(ready, why not): every voice up and not draining."""
+        if self.draining:
+            return False, "draining"
+        down = [v for v, b in self.breakers.items() if not b.up(now)]
+        if down:
+            return False, "voice down: " + ", ".join(down)
+        return True, "ready"
+
+
+class MessagePace:
+    """One connection's message rate (``[server] messages_per_s`` with bursts
+    of ``message_burst``): ``wait_s(now)`` is 0 or how long the reader must
+    wait before it takes the next message. A client that keeps its bucket
+    nearly empty (under half a burst) for ``FLOOD_AFTER_S`` while the reader
+    waits on it is a flood: ``ControlFlood`` (1008)."""
+
+    __slots__ = ("_bucket", "_since")
+
+    def __init__(self, config: ServerConfig, now: float) -> None:
+        self._bucket = TokenBucket(config.messages_per_s, config.message_burst, now)
+        self._since: float | None = None  # when the reader first had to wait
+
+    def wait_s(self, now: float) -> float:
+        bucket = self._bucket
+        wait = bucket.take(1, now)
+        if wait > 0:
+            if self._since is None:
+                self._since = now
+            elif now - self._since > FLOOD_AFTER_S:
+                raise ControlFlood(f"more than {bucket.per_s:g} messages a second for "
+                                   f"{FLOOD_AFTER_S:g} s; closing")
+            return wait
+        if self._since is not None and bucket.level >= bucket.capacity / 2:
+            self._since = None  # the client slowed down: its bursts refill
+        return 0.0
+
+
+__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "plan_first_chunks",
+           "predicted_first_heard_ms", "reject_reason"]
