@@ -1,0 +1,65 @@
+"""A voice seen through its circuit breaker: the server wraps every loaded
+voice in ``GuardedVoice`` so that each synthesis reports to the ``Gate``:
+a synthesis that ends is a success, an exception a failure (``EngineDead``: the engine is
+gone for good, and ``on_dead`` is called once). The core never knows."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from rtserver.audio.pcm import PcmChunk
+from rtserver.errors import EngineDead
+from rtserver.server.gate import Gate
+from rtserver.voices.base import SynthesisRequest, Voice, VoiceInfo
+
+log = logging.getLogger("rtserver.server")
+
+
+class GuardedVoice:
+    """``voice`` with its outcomes reported to ``gate`` (the Voice protocol)."""
+
+    def __init__(self, voice: Voice, gate: Gate, clock: Callable[[], float],
+                 on_dead: Callable[[str, BaseException], None] | None = None) -> None:
+        self.inner = voice
+        self._gate = gate
+        self._clock = clock
+        self._on_dead = on_dead
+
+    @property
+    def info(self) -> VoiceInfo:
+        return self.inner.info
+
+    async def warm_up(self) -> None:
+        await self.inner.warm_up()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+        """The inner voice's chunks; a synthesis that ends is a success, one
+        that raises a failure; one stopped by its consumer is neither."""
+        name = self.inner.info.name
+        chunks = self.inner.synthesize(request)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except EngineDead as exc:
+            log.error("voice %s: its engine is dead: %s", name, exc)
+            first = not self._gate.engine_dead
+            self._gate.voice_failed(name, self._clock(), str(exc), dead=True)
+            if first and self._on_dead is not None:
+                self._on_dead(name, exc)
+            raise
+        except Exception as exc:  # the voice's fault; the core reports it
+            self._gate.voice_failed(name, self._clock(), f"{type(exc).__name__}: {exc}")
+            raise
+        else:
+            self._gate.voice_succeeded(name, self._clock())
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:  # stopped early: stop the voice now, not at GC
+                await aclose()
+
+
+__all__ = ["GuardedVoice"]
