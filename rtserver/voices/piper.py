@@ -152,7 +152,9 @@ class PiperVoice:
         # its raw output, which is already in [-1, 1].
         self._pool = pool
         rate = int(self._piper.config.sample_rate)
-        self._chunks = chunk_config(split.hop, split.support, rate, chunking)
+        self._chunking = chunking or PiperChunking()
+        self._chunks = chunk_config(split.hop, split.support, rate, self._chunking)
+        self._bulk = chunk_config(split.hop, split.support, rate, self._chunking, bulk=True)
         plan, cost = hint_plan(self._chunks, rate)
         lang = str(config_dict.get("language", {}).get("code", "en"))
         self._info = VoiceInfo(
@@ -183,7 +185,8 @@ class PiperVoice:
         rate = self._info.sample_rate
         marks = request.marks
         sentence, head, rest = await self._submit(
-            self._start, request.text, marks, first=request.first, deadline=deadline)
+            self._start, request.text, marks, request.first, deadline, first=request.first,
+            deadline=deadline)
         offset = 0  # samples of the segment before the current sentence
         while sentence is not None and head is not None:
             joiner = SeamJoiner(self._chunks.samples_per_frame)
@@ -205,26 +208,29 @@ class PiperVoice:
             if not rest:
                 break
             ids, rest = rest[0], rest[1:]
-            sentence, head = await self._submit(self._front_and_first, ids, None, first=False,
-                                                deadline=deadline + offset / rate)
+            at = deadline + offset / rate
+            sentence, head = await self._submit(self._front_and_first, ids, None, False, at,
+                                                first=False, deadline=at)
 
     async def close(self) -> None:
         return None
 
     # --- in the worker threads ----------------------------------------------
 
-    def _start(self, text: str, marks: dict[str, float] | None
+    def _start(self, text: str, marks: dict[str, float] | None, first: bool, deadline: float
                ) -> tuple[_Sentence | None, FloatArray | None, list[list[int]]]:
         """Phonemize the segment, run the first sentence's front and first decode."""
         sentences = [p for p in self._piper.phonemize(text) if p]
         ids = [self._piper.phonemes_to_ids(p) for p in sentences]
         if not ids:
             return None, None, []
-        sentence, head = self._front_and_first(ids[0], marks)
+        sentence, head = self._front_and_first(ids[0], marks, first, deadline)
         return sentence, head, ids[1:]
 
-    def _front_and_first(self, ids: list[int], marks: dict[str, float] | None
-                         ) -> tuple[_Sentence, FloatArray]:
+    def _front_and_first(self, ids: list[int], marks: dict[str, float] | None, first: bool,
+                         deadline: float) -> tuple[_Sentence, FloatArray]:
+        """The sentence's front, its plan and its first decode. The plan is
+        eager for a context's first sentence and for audio needed soon."""
         cfg = self._piper.config
         feed = {
             "input": np.asarray([ids], dtype=np.int64),
@@ -240,7 +246,9 @@ class PiperVoice:
             marks[MODEL_OUTPUT_MARK] = time.monotonic()
         z = np.asarray(out[0], dtype=np.float32)
         g = np.asarray(out[1], dtype=np.float32) if self._split.cut.g else None
-        sentence = _Sentence(z=z, g=g, jobs=sentence_jobs(self._chunks, int(z.shape[2])))
+        eager = first or deadline - time.monotonic() < self._chunking.eager_slack_ms / 1000.0
+        plan = sentence_jobs(self._chunks if eager else self._bulk, int(z.shape[2]))
+        sentence = _Sentence(z=z, g=g, jobs=plan)
         return sentence, self._decode(sentence, sentence.jobs[0])
 
     def _decode(self, sentence: _Sentence, job: DecodeJob) -> FloatArray:

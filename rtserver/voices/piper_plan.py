@@ -2,12 +2,17 @@
 
 The front (encoder, duration predictor, flow) gives all of a sentence's
 latent frames at once; the decoder then runs on windows of them, planned by
-``rtserver.vocoder.chunking`` as if the frames arrived one at a time, so the
-chunks grow: a small first chunk (TTFA), then each ``growth`` times the last
-up to ``max_chunk_ms``. Context and lookahead are the decoder's measured
-receptive field (``piper_graph.measure_decoder``: 2582 samples for
-``en_US-joe-medium``), so every seam equals the whole-sentence decode up to
-float rounding; the crossfade (windows summing to one) hides that rounding.
+``rtserver.vocoder.chunking`` as if the frames arrived one at a time. Two
+geometries: *eager* chunks grow from a small first one (TTFA), each
+``growth`` times the last up to ``max_chunk_ms``; *bulk* chunks are
+``max_chunk_ms`` from the start, for a sentence whose audio is not needed
+soon (every chunk boundary costs the decoder its context and lookahead
+again: on four sentences, eager decodes 1.29x the frames, bulk 1.10x;
+``python -m rtserver.voices.piper_measure costs``). Context and lookahead
+are the decoder's measured receptive field (``piper_graph.measure_decoder``:
+2582 samples for ``en_US-joe-medium``), so every seam equals the
+whole-sentence decode up to float rounding; the crossfade (windows summing
+to one) hides that rounding.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ class PiperChunking:
     first_chunk_ms: float = 60.0  # audio of the first chunk (TTFA)
     growth: float = 2.0
     max_chunk_ms: float = 1500.0  # one decode call: ~0.1 s of one core at most
+    # A sentence is decoded eagerly when it is a context's first, or when the
+    # listener needs its audio within this long (its deadline); else in bulk.
+    # 250 ms: a bulk chunk's decode (~80 ms of one core) plus a few queued
+    # ahead of it still arrive in time.
+    eager_slack_ms: float = 250.0
 
     def __post_init__(self) -> None:
         if not self.first_chunk_ms > 0:
@@ -39,14 +49,18 @@ class PiperChunking:
             raise ValueError("growth must be >= 1")
         if not self.max_chunk_ms >= self.first_chunk_ms:
             raise ValueError("max_chunk_ms must be >= first_chunk_ms")
+        if not self.eager_slack_ms >= 0:
+            raise ValueError("eager_slack_ms must be >= 0")
 
 
 def chunk_config(hop: int, support: int, sample_rate: int,
-                 chunking: PiperChunking | None = None) -> ChunkConfig:
-    """The planner's geometry for a decoder of ``hop`` samples per frame."""
+                 chunking: PiperChunking | None = None, *, bulk: bool = False) -> ChunkConfig:
+    """The planner's geometry for a decoder of ``hop`` samples per frame
+    (``bulk``: every chunk ``max_chunk_ms``)."""
     c = chunking or PiperChunking()
     crossfade = max(1, hop // 2)
-    first_samples = math.ceil(c.first_chunk_ms * sample_rate / 1000.0)
+    first_ms = c.max_chunk_ms if bulk else c.first_chunk_ms
+    first_samples = math.ceil(first_ms * sample_rate / 1000.0)
     first_frames = math.ceil((first_samples + support + crossfade) / hop)
     max_frames = max(first_frames, math.ceil(c.max_chunk_ms * sample_rate / 1000.0 / hop))
     return ChunkConfig(samples_per_frame=hop, first_frames=first_frames, growth=c.growth,

