@@ -55,7 +55,9 @@ class RtServer:
                             default_voice=self.voice_set.default, encode_pool=self._encode_pool)
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
-        self._process_metrics = attach_process_metrics(self.app.metrics.registry, self.config)
+        app = self.app
+        self._process_metrics = attach_process_metrics(
+            app.metrics.registry, self.config, ready=lambda: app.ready and not app.draining)
         s = self.config.server
         if s.reuse_port:
             # Processes sharing the port: the kernel hands connections to any

@@ -3,6 +3,8 @@ an optional second listener that serves only ``/metrics``.
 
 - ``rtserver_worker_info{worker, workers, gpu, pid}`` (always 1): joins every
   series of this process to its worker and GPU (``* on(instance) group_left``).
+- ``rtserver_ready``: 1 while ``/ready`` answers 200 (voices warm, not
+  draining), else 0; alerts tell "not ready" from "down" with it.
 - ``rtserver_gpu_memory_used_bytes{gpu}`` / ``..._total_bytes{gpu}``: the
   device's memory in use by every process on it (vLLM's engine runs in a
   process of its own), from ``cudaMemGetInfo``; ``rtserver_gpu_memory_allocated_bytes``:
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -42,6 +44,15 @@ class WorkerInfoCollector(Collector):
     def collect(self) -> Iterator[InfoMetricFamily]:
         yield InfoMetricFamily("rtserver_worker", "This server process: worker index, "
                                "worker count, GPU, pid", value=self.labels)
+
+
+class ReadyCollector(Collector):
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self.ready = ready
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("rtserver_ready", "1 while /ready answers 200 (voices warm, "
+                                "not draining), else 0", value=1.0 if self.ready() else 0.0)
 
 
 class GpuMemoryCollector(Collector):
@@ -92,10 +103,13 @@ def metrics_port(config: Config, ident: WorkerIdentity | None) -> int:
     return base + ident.index if base and ident is not None else base
 
 
-def attach(registry: CollectorRegistry, config: Config) -> ProcessMetrics:
-    """Register the worker and GPU collectors; start the metrics listener if set."""
+def attach(registry: CollectorRegistry, config: Config,
+           ready: Callable[[], bool]) -> ProcessMetrics:
+    """Register the worker, readiness and GPU collectors; start the metrics
+    listener if ``[server] metrics_port`` is set."""
     ident = current()
     registry.register(WorkerInfoCollector(ident))
+    registry.register(ReadyCollector(ready))
     registry.register(GpuMemoryCollector())
     port = metrics_port(config, ident)
     if not port:
