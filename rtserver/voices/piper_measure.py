@@ -86,9 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     if split.cut.g is not None:
         raise SystemExit("multi-speaker voices: measure with a single-speaker one")
     front, dec = _session(split.front), _session(split.decoder)
-    from piper import PiperVoice as _Piper
+    from rtserver.voices.piper import _import_piper
 
-    piper = _Piper.load(files.model, config_path=files.config)
+    piper = _import_piper()[0].load(files.model, config_path=files.config)
     zs = [np.asarray(front.run(None, _feed(piper.phonemes_to_ids(piper.phonemize(t)[0])))[0])
           for t in SENTENCES]
     frames = sum(int(z.shape[2]) for z in zs)
