@@ -1,1 +1,1 @@
-"""The asyncio shell: websockets server, HTTP endpoints, per-connection tasks."""
+"""The asyncio shell: uvicorn (ASGI) serving HTTP and the WebSocket, per-connection tasks."""

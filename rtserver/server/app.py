@@ -11,12 +11,12 @@ import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+import uvicorn
 
-from rtserver.config import Config
+from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode
+from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
-from rtserver.server.http import HttpRoutes
 from rtserver.server.process_metrics import ProcessMetrics
 from rtserver.server.process_metrics import attach as attach_process_metrics
 from rtserver.server.state import AppState
@@ -34,16 +34,16 @@ class RtServer:
         self.config = config
         self.voice_set: VoiceSet | None = None
         self.app: AppState | None = None
-        self._server: Server | None = None
+        self._server: uvicorn.Server | None = None
+        self._sock: socket.socket | None = None
         self._connections: set[Connection] = set()
         self._encode_pool: ThreadPoolExecutor | None = None
         self._process_metrics = ProcessMetrics()
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        sock = next(iter(self._server.sockets))
-        return int(sock.getsockname()[1])
+        assert self._sock is not None
+        return int(self._sock.getsockname()[1])
 
     async def start(self, *, progress: Callable[[str], None] | None = None) -> None:
         """Load and warm the voices, then listen; ``/ready`` turns 200 at the end."""
@@ -74,24 +74,26 @@ class RtServer:
         say(f"ready on ws://{s.host}:{self.port}/v1/stream")
 
     async def _listen(self) -> None:
+        """Bind the port ourselves (SO_REUSEPORT when configured) and hand the
+        socket to uvicorn: HTTP and the WebSocket on it."""
         assert self.app is not None
         s = self.config.server
-        self._server = await serve(
-            self._handle, s.host, s.port, compression=None,
-            max_size=s.max_message_bytes, process_request=HttpRoutes(self.app),
-            ping_interval=s.ping_interval_s or None, ping_timeout=s.ping_interval_s or None,
-            close_timeout=5, server_header=None, reuse_port=s.reuse_port or None)
-        for sock in self._server.sockets:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = bind_socket(s)
+        asgi = RtAsgi(self.app, self._handle)
+        config = uvicorn.Config(
+            asgi, ws="websockets-sansio", http="httptools", lifespan="off",
+            ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
+            ws_ping_interval=s.ping_interval_s or None, ws_ping_timeout=s.ping_interval_s or None,
+            server_header=False, date_header=False, access_log=False, log_config=None,
+            timeout_graceful_shutdown=5)
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[self._sock])
+        self._server = server
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: AsgiWebSocket) -> None:
         assert self.app is not None
-        s = self.config.server
-        sock = ws.transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if s.socket_send_buffer:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer)
         conn = Connection(ws, self.app)
         self._connections.add(conn)
         self.app.connections += 1
@@ -111,25 +113,37 @@ class RtServer:
         if self.config.server.reuse_port:
             # Stop accepting: the kernel routes new connections to the other
             # processes on the port (connections already accepted stay open).
-            self._server.server.close()
+            self._stop_listening()
         deadline = asyncio.get_running_loop().time() + self.config.server.drain_timeout_s
         while any(c.live for c in self._connections):
             if asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.05)
-        self._server.close(close_connections=False)
-        for conn in list(self._connections):
-            with contextlib.suppress(Exception):
-                await conn.ws.close(CloseCode.GOING_AWAY, "server going away")
-        await self._server.wait_closed()
+        await self._shut()
         await self._release()
 
     async def close(self) -> None:
         """Close at once (tests)."""
         if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+            await self._shut()
         await self._release()
+
+    def _stop_listening(self) -> None:
+        assert self._server is not None
+        for listener in self._server.servers:
+            listener.close()
+
+    async def _shut(self) -> None:
+        """Stop listening, close every WebSocket with 1001, then let uvicorn
+        finish the HTTP connections (cancelling what is left after 5 s)."""
+        assert self._server is not None
+        self._stop_listening()
+        for conn in list(self._connections):
+            with contextlib.suppress(Exception):
+                await conn.ws.close(CloseCode.GOING_AWAY, "server going away")
+        await self._server.shutdown()
+        if self._sock is not None:
+            self._sock.close()
 
     async def _release(self) -> None:
         self._process_metrics.close()
@@ -137,6 +151,29 @@ class RtServer:
             await self.voice_set.close()
         if self._encode_pool is not None:
             self._encode_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def bind_socket(s: ServerConfig) -> socket.socket:
+    """The listening socket: SO_REUSEADDR, SO_REUSEPORT when ``reuse_port``
+    (several processes on one port), and the options accepted connections
+    inherit from it on Linux: TCP_NODELAY (audio frames go out at once) and
+    ``socket_send_buffer`` as SO_SNDBUF."""
+    family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if s.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if s.socket_send_buffer:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer)
+        sock.bind((s.host, s.port))
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaitable[None]]

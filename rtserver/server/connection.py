@@ -11,7 +11,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.errors import CloseCode, EngineFailed, InternalError, Overloaded, RtError
@@ -40,6 +39,7 @@ from rtserver.protocol.session import (
 from rtserver.protocol.wire import encode_audio_message
 from rtserver.server.outbox import AudioItem, ContextLedger, ControlItem, DeferredItem, Outbox
 from rtserver.server.state import AppState
+from rtserver.server.transport import WsTransport
 
 log = logging.getLogger("rtserver.connection")
 
@@ -54,7 +54,7 @@ class _Live:
 
 
 class Connection:
-    def __init__(self, ws: ServerConnection, app: AppState) -> None:
+    def __init__(self, ws: WsTransport, app: AppState) -> None:
         self.ws = ws
         self.app = app
         cfg = app.config.server

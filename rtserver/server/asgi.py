@@ -1,0 +1,208 @@
+"""The ASGI shell: HTTP and the WebSocket on one port, served by uvicorn.
+
+uvicorn runs this app with ``ws="websockets-sansio"`` (the ``websockets``
+package's protocol): its ``send`` waits while the socket's write buffer is
+above the high-water mark, so a connection's writer blocks when its client
+does not read (the backpressure ``Outbox`` and ``overload_after_s`` rely on).
+
+- ``websocket`` scopes: ``websocket_refusal`` may answer with HTTP (401, 503,
+  404) before any WebSocket exists; else the handshake is accepted and
+  ``on_websocket`` gets an ``AsgiWebSocket`` (``recv``/``send``/``close``).
+- ``http`` scopes: a streaming handler registered for (method, path), else
+  ``HttpRoutes`` (the GET endpoints and the demo's files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
+from websockets.frames import Close
+
+from rtserver.server.http import HttpRequest, HttpResponse, HttpRoutes, websocket_refusal
+from rtserver.server.state import AppState
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class AsgiWebSocket:
+    """One accepted WebSocket: ``recv``, ``send`` (waits while the client does
+    not read), ``close``. A gone peer raises ``ConnectionClosed`` (websockets'
+    exception: what ``Connection`` catches)."""
+
+    def __init__(self, receive: Receive, send: Send, request: HttpRequest) -> None:
+        self._receive = receive
+        self._send = send
+        self.request = request
+        self.close_code: int | None = None
+
+    async def recv(self) -> str | bytes:
+        if self.close_code is not None:
+            raise _closed(self.close_code)
+        msg = await self._receive()
+        if msg["type"] == "websocket.receive":
+            text = msg.get("text")
+            return text if text is not None else bytes(msg.get("bytes") or b"")
+        self.close_code = int(msg.get("code", 1005))
+        raise _closed(self.close_code)
+
+    async def send(self, data: str | bytes) -> None:
+        if self.close_code is not None:
+            raise _closed(self.close_code)
+        key = "text" if isinstance(data, str) else "bytes"
+        try:
+            await self._send({"type": "websocket.send", key: data})
+        except (OSError, RuntimeError):  # uvicorn's ClientDisconnected is an OSError
+            self.close_code = self.close_code or 1006
+            raise _closed(self.close_code) from None
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self.close_code is not None:
+            return
+        self.close_code = code
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+def _closed(code: int) -> ConnectionClosedOK | ConnectionClosedError:
+    frame = Close(code, "")
+    if code in (1000, 1001):
+        return ConnectionClosedOK(frame, None)
+    return ConnectionClosedError(frame, None)
+
+
+def request_of(scope: Scope) -> HttpRequest:
+    headers: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        key = name.decode("latin-1").lower()
+        val = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {val}" if key in headers else val
+    client = scope.get("client")
+    return HttpRequest(
+        method=scope.get("method", "GET"), path=scope.get("path", "/"),
+        query=scope.get("query_string", b"").decode("latin-1"), headers=headers,
+        client=f"{client[0]}:{client[1]}" if client else "")
+
+
+def _encode_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+async def send_response(send: Send, response: HttpResponse, *, head: bool = False) -> None:
+    await send({"type": "http.response.start", "status": response.status,
+                "headers": _encode_headers(response.all_headers())})
+    await send({"type": "http.response.body", "body": b"" if head else response.body})
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the limit given to ``read_body``."""
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body; ``BodyTooLarge`` past ``limit`` bytes,
+    ``ConnectionError`` when the client leaves first."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionError("client went away")
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
+        parts.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(parts)
+
+
+class HttpStream:
+    """A response body sent as it is made (chunked): ``start``, ``write``...,
+    ``end``. ``disconnected`` is set when the client goes away; ``write``
+    then raises ``ConnectionError``."""
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        self.started = False
+        self.disconnected = asyncio.Event()
+
+    async def watch(self) -> None:
+        """Wait for the client's disconnect (run as a task once the body is read)."""
+        while True:
+            msg = await self._receive()
+            if msg["type"] == "http.disconnect":
+                self.disconnected.set()
+                return
+
+    async def start(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status,
+                          "headers": _encode_headers(headers)})
+
+    async def write(self, data: bytes) -> None:
+        if self.disconnected.is_set():
+            raise ConnectionError("client went away")
+        try:
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        except OSError as exc:
+            self.disconnected.set()
+            raise ConnectionError("client went away") from exc
+
+    async def end(self) -> None:
+        with contextlib.suppress(OSError):
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+StreamHandler = Callable[[HttpRequest, Receive, Send], Awaitable[None]]
+WebSocketHandler = Callable[[AsgiWebSocket], Awaitable[None]]
+
+
+class RtAsgi:
+    """The ASGI application of one server."""
+
+    def __init__(self, app: AppState, on_websocket: WebSocketHandler,
+                 handlers: dict[tuple[str, str], StreamHandler] | None = None) -> None:
+        self.app = app
+        self.routes = HttpRoutes(app)
+        self.on_websocket = on_websocket
+        self.handlers = dict(handlers or {})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            request = request_of(scope)
+            handler = self.handlers.get((request.method, request.path))
+            if handler is not None:
+                await handler(request, receive, send)
+            else:
+                await send_response(send, self.routes(request), head=request.method == "HEAD")
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":  # uvicorn runs with lifespan="off"; answer anyway
+            while (msg := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": msg["type"] + ".complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return
+        request = request_of(scope)
+        refusal = websocket_refusal(self.app, request)
+        if refusal is not None:
+            await send({"type": "websocket.http.response.start", "status": refusal.status,
+                        "headers": _encode_headers(refusal.all_headers())})
+            await send({"type": "websocket.http.response.body", "body": refusal.body})
+            return
+        await send({"type": "websocket.accept"})
+        ws = AsgiWebSocket(receive, send, request)
+        try:
+            await self.on_websocket(ws)
+        finally:
+            await ws.close(1000, "")  # no-op when it was closed already

@@ -1,0 +1,24 @@
+"""The seam between a WebSocket connection's logic and the server library.
+
+``Connection`` talks to its socket only through ``WsTransport``; the ASGI
+shell's ``AsgiWebSocket`` is the one in use. A peer that is gone raises
+websockets' ``ConnectionClosed`` from ``recv`` and ``send``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class WsTransport(Protocol):
+    async def recv(self) -> str | bytes:
+        """The next message (text or binary); raises when the peer is gone."""
+        ...
+
+    async def send(self, data: str | bytes) -> None:
+        """Send one message; waits while the client does not read (backpressure)."""
+        ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Close with ``code``; a no-op once closed."""
+        ...
