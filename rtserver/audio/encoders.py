@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import Protocol
 
 import av
+import av.filter
 import numpy as np
 
 from rtserver.audio.pcm import FloatArray
@@ -178,6 +179,64 @@ class AvEncoder:
         return self._out.take()
 
 
+# FFmpeg's atempo takes factors 0.5..100 per instance (libavfilter af_atempo.c);
+# slower speeds chain two.
+ATEMPO_MIN = 0.5
+
+
+class Tempo:
+    """Pitch-preserving speed change of mono float32 PCM, streaming, through
+    FFmpeg's ``atempo`` filter (WSOLA). ``speed`` 2.0 halves the duration."""
+
+    def __init__(self, sample_rate: int, speed: float) -> None:
+        if not 0.25 <= speed <= 4.0:
+            raise ValueError(f"speed {speed} is outside 0.25..4.0")
+        self.sample_rate = sample_rate
+        self.speed = speed
+        graph = av.filter.Graph()
+        node = graph.add_abuffer(format="flt", sample_rate=sample_rate, layout="mono",
+                                 time_base=Fraction(1, sample_rate))
+        factors = [speed] if speed >= ATEMPO_MIN else [ATEMPO_MIN, speed / ATEMPO_MIN]
+        for factor in factors:
+            nxt = graph.add("atempo", f"{factor:.6f}")
+            node.link_to(nxt)
+            node = nxt
+        sink = graph.add("abuffersink")
+        node.link_to(sink)
+        graph.configure()
+        self._graph = graph
+        self._pts = 0
+
+    def _pull(self) -> FloatArray:
+        out: list[np.ndarray] = []
+        while True:
+            try:
+                frame = self._graph.pull()
+            except (av.BlockingIOError, av.EOFError):
+                break
+            assert isinstance(frame, av.AudioFrame)
+            out.append(frame.to_ndarray().reshape(-1))
+        if not out:
+            return np.zeros(0, np.float32)
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+    def push(self, pcm: FloatArray) -> FloatArray:
+        if len(pcm) == 0:
+            return np.zeros(0, np.float32)
+        samples = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.time_base = Fraction(1, self.sample_rate)
+        frame.pts = self._pts
+        self._pts += samples.shape[1]
+        self._graph.push(frame)
+        return self._pull()
+
+    def flush(self) -> FloatArray:
+        self._graph.push(None)
+        return self._pull()
+
+
 def make_encoder(fmt: str, sample_rate: int) -> StreamEncoder:
     """An encoder for ``fmt`` (one of ``FORMATS``); ValueError for others."""
     if fmt == "pcm":
@@ -189,5 +248,5 @@ def make_encoder(fmt: str, sample_rate: int) -> StreamEncoder:
     raise ValueError(f"unknown audio format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
-__all__ = ["CONTENT_TYPES", "FORMATS", "AvEncoder", "PcmEncoder", "StreamEncoder", "WavEncoder",
-           "make_encoder"]
+__all__ = ["CONTENT_TYPES", "FORMATS", "AvEncoder", "PcmEncoder", "StreamEncoder", "Tempo",
+           "WavEncoder", "make_encoder"]

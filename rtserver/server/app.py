@@ -13,10 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 
+from rtserver.cache import PhraseCache
 from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
+from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
 from rtserver.server.process_metrics import attach as attach_process_metrics
 from rtserver.server.state import AppState
@@ -79,7 +81,8 @@ class RtServer:
         assert self.app is not None
         s = self.config.server
         self._sock = bind_socket(s)
-        asgi = RtAsgi(self.app, self._handle)
+        cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
+        asgi = RtAsgi(self.app, self._handle, SpeechApi(self.app, cache).handlers())
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,

@@ -90,3 +90,16 @@ def test_clipping_and_unknown_formats() -> None:
         make_encoder("ogg", RATE)
     with pytest.raises(ValueError, match="opus takes"):
         make_encoder("opus", 22050)
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.8, 1.5, 4.0])
+def test_tempo_changes_duration_and_keeps_pitch(speed: float) -> None:
+    from rtserver.audio.encoders import Tempo
+
+    tempo = Tempo(RATE, speed)
+    pcm = tone(2.0)
+    out = np.concatenate([tempo.push(p) for p in np.array_split(pcm, 7)] + [tempo.flush()])
+    assert len(out) / RATE == pytest.approx(2.0 / speed, rel=0.02)
+    assert peak_hz(out, RATE) == pytest.approx(TONE_HZ, abs=3.0)
+    with pytest.raises(ValueError, match="outside"):
+        Tempo(RATE, 5.0)

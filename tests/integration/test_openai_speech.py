@@ -1,0 +1,187 @@
+"""OpenAI's speech API on rtserver, through the official `openai` client."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+
+import av
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from rtserver.testing.server_thread import ServerThread  # noqa: E402
+
+TEXT = "Hello there. This answer comes from rtserver's speech API."
+
+
+def client_for(server: ServerThread, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.http + "/v1", api_key=key, max_retries=0)
+
+
+def decode(fmt: str, data: bytes) -> tuple[np.ndarray, int]:
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0, 24000
+    parts = []
+    rate = 0
+    with av.open(io.BytesIO(data)) as container:
+        for frame in container.decode(audio=0):
+            rate = frame.sample_rate
+            parts.append(frame.to_ndarray().reshape(-1).astype(np.float32))
+    return np.concatenate(parts), rate
+
+
+def metric(server: ServerThread, name: str) -> float:
+    import urllib.request
+
+    body = urllib.request.urlopen(server.http + "/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in body.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_streamed_speech_decodes_in_each_format(server: ServerThread, fmt: str) -> None:
+    client = client_for(server)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="default", input=TEXT, response_format=fmt) as response:
+        assert response.status_code == 200
+        data = b"".join(response.iter_bytes())
+    pcm, rate = decode(fmt, data)
+    assert rate in (24000, 48000)  # Opus decodes at 48 kHz
+    assert 2.0 < len(pcm) / rate < 8.0
+    assert float(np.sqrt(np.mean(pcm ** 2))) > 0.01  # speech, not silence
+
+
+def sse_events(lines: Iterator[str]) -> list[dict]:
+    return [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+
+
+def test_sse_deltas_then_done(server: ServerThread) -> None:
+    client = client_for(server)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="default", input=TEXT, response_format="pcm",
+            stream_format="sse") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response.iter_lines())
+    assert events[-1]["type"] == "speech.audio.done"
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 2 and len(deltas) == len(events) - 1
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert 2.0 < len(pcm) / 2 / 24000 < 8.0
+
+
+def test_speed_changes_the_length(server: ServerThread) -> None:
+    client = client_for(server)
+
+    def seconds(speed: float) -> float:
+        with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="default", input="One two three four five six.",
+                response_format="pcm", speed=speed) as response:
+            return len(response.read()) / 2 / 24000
+
+    normal, fast = seconds(1.0), seconds(2.0)
+    assert fast == pytest.approx(normal / 2, rel=0.1)
+
+
+def test_a_repeat_answers_from_the_phrase_cache(server: ServerThread) -> None:
+    client = client_for(server)
+    text = "A greeting that is said again and again."
+    hits = metric(server, "rtserver_phrase_cache_hits_total")
+
+    def say(fmt: str) -> bytes:
+        with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="default", input=text, response_format=fmt) as response:
+            return response.read()
+
+    first = say("mp3")
+    assert metric(server, "rtserver_phrase_cache_hits_total") == hits
+    assert say("mp3") == first
+    assert metric(server, "rtserver_phrase_cache_hits_total") == hits + 1
+    say("wav")  # another format is another phrase
+    assert metric(server, "rtserver_phrase_cache_hits_total") == hits + 1
+
+
+def test_voices_and_models(server: ServerThread) -> None:
+    client = client_for(server)
+    assert "tts-1" in [m.id for m in client.models.list()]
+    voices = client.get("/audio/voices", cast_to=object)
+    assert "piper:en_US-joe-medium" in voices["voices"]  # type: ignore[index]
+
+
+def status_and_error(fn) -> tuple[int, dict, dict]:  # type: ignore[no-untyped-def]
+    with pytest.raises(openai.APIStatusError) as info:
+        fn()
+    resp = info.value.response
+    return resp.status_code, resp.json()["error"], dict(resp.headers)
+
+
+def test_bad_input_unknown_voice_and_too_long(server: ServerThread) -> None:
+    client = client_for(server)
+    speak = client.audio.speech.create
+    status, err, _ = status_and_error(lambda: speak(model="tts-1", voice="default", input=TEXT,
+                                                    response_format="ogg"))  # type: ignore
+    assert status == 400 and err["code"] == "unsupported_format"
+    status, err, _ = status_and_error(lambda: speak(model="tts-1", voice="default", input=TEXT,
+                                                    speed=9.0))
+    assert status == 400 and err["param"] == "speed"
+    status, err, _ = status_and_error(lambda: speak(model="tts-1", voice="nobody", input=TEXT))
+    assert status == 404 and err["code"] == "unknown_voice"
+    limit = server.config.server.max_text_chars
+    status, err, _ = status_and_error(lambda: speak(model="tts-1", voice="default",
+                                                    input="a" * (limit + 1)))
+    assert status == 413 and err["code"] == "text_too_long"
+    status, err, _ = status_and_error(lambda: client.post(
+        "/audio/speech", content=b"not json", cast_to=object))
+    assert status == 400 and err["code"] == "bad_message"
+
+
+def test_draining_is_503_with_retry_after(server: ServerThread) -> None:
+    app = server.server.app  # type: ignore[union-attr]
+    server.call(lambda: setattr(app, "draining", True))
+    try:
+        status, err, headers = status_and_error(lambda: client_for(server).audio.speech.create(
+            model="tts-1", voice="default", input=TEXT))
+    finally:
+        server.call(lambda: setattr(app, "draining", False))
+    assert status == 503 and err["code"] == "overloaded"
+    assert int(headers["retry-after"]) >= 1
+
+
+def test_a_client_that_leaves_stops_the_speech(server: ServerThread) -> None:
+    cancelled = metric(server, 'rtserver_contexts_total{outcome="cancelled"}')
+    client = client_for(server)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="default", input=TEXT * 20, response_format="pcm") as response:
+        next(response.iter_bytes())
+    import time
+    deadline = time.monotonic() + 10
+    while metric(server, 'rtserver_contexts_total{outcome="cancelled"}') == cancelled:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[ServerThread]:
+    srv = ServerThread.with_settings(server={"api_keys": "k1", "max_contexts": 1}).start()
+    yield srv
+    srv.stop()
+
+
+def test_api_keys_401_and_too_many_at_once_429(keyed: ServerThread) -> None:
+    status, err, _ = status_and_error(lambda: client_for(keyed, "wrong").audio.speech.create(
+        model="tts-1", voice="default", input=TEXT))
+    assert status == 401 and err["code"] == "invalid_api_key"
+    client = client_for(keyed, "k1")
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="default", input=TEXT * 5, response_format="pcm") as first:
+        next(first.iter_bytes())
+        status, err, headers = status_and_error(lambda: client.audio.speech.create(
+            model="tts-1", voice="default", input=TEXT))
+    assert status == 429 and err["code"] == "too_many_contexts"
+    assert int(headers["retry-after"]) >= 1
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="default", input="Fine again.") as again:
+        assert again.status_code == 200 and len(again.read()) > 1000
