@@ -158,8 +158,8 @@ def test_gpu_memory_series_are_the_ones_the_dashboard_reads(
 @pytest.mark.vllm
 def test_engine_metrics_are_on_a_vllm_servers_metrics(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    from rtserver.testing.tiny_orpheus import write_tiny_orpheus
-    from rtserver.testing.tiny_snac import write_tiny_snac
+    from rtserver.vocoder.snac_layout import write_tiny_snac
+    from rtserver.voices.orpheus_layout import write_tiny_orpheus
 
     model = write_tiny_orpheus(tmp_path / "llama", shape="tiny")
     snac = write_tiny_snac(tmp_path / "snac", seed=0)
