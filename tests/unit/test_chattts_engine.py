@@ -142,44 +142,51 @@ async def test_abort_frees_the_slot(assets: LmAssets) -> None:
         assert 1 <= len(codes) <= 5
 
 
-async def test_full_pool_queues_then_overloads(assets: LmAssets) -> None:
-    async with running(make_engine(assets, slots=1, max_waiting=1)) as engine:
+async def test_full_pool_queues_until_a_slot_frees(assets: LmAssets) -> None:
+    # max_len 4096: the first request cannot end by itself while the test looks
+    async with running(make_engine(assets, slots=1, max_len=4096)) as engine:
         first = engine.generate(request(assets, "one", "hello world", 1, 10_000))
         await first.__anext__()
         second = asyncio.create_task(collect(engine, request(assets, "two", "hi", 2, 5)))
-        for _ in range(200):
+        for _ in range(400):
             if engine.stats().waiting == 1:
                 break
             await asyncio.sleep(0.005)
         assert engine.stats().waiting == 1 and engine.stats().running == 1
-        with pytest.raises(Overloaded) as exc:
-            await collect(engine, request(assets, "three", "hi", 3, 5))
-        assert exc.value.retry_after_ms is not None and exc.value.retry_after_ms > 0
         await first.aclose()
         codes, _ = await asyncio.wait_for(second, 10)  # ran once the slot was free
         assert len(codes) >= 1
 
 
-async def test_first_segments_go_first(assets: LmAssets) -> None:
-    """With every slot busy, a waiting first segment (priority 0) is admitted
-    before a later segment (priority 1) that queued earlier."""
-    async with running(make_engine(assets, slots=1)) as engine:
-        busy = engine.generate(request(assets, "busy", "hello", 1, 10_000))
-        await busy.__anext__()
-        order: list[str] = []
+async def test_full_queue_is_overloaded(assets: LmAssets) -> None:
+    engine = make_engine(assets, slots=1, max_waiting=1)
+    engine._model = engine._build()  # no step thread: what is queued stays queued
+    engine._loop = asyncio.get_running_loop()
+    queued = engine.generate(request(assets, "one", "hi", 1, 5))
+    task = asyncio.create_task(queued.__anext__())
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as exc:
+        await collect(engine, request(assets, "two", "hi", 2, 5))
+    assert exc.value.retry_after_ms == 500
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
-        async def run(r: TokenRequest) -> None:
-            async for _ in engine.generate(r):
-                order.append(r.request_id)
-                return
 
-        later = asyncio.create_task(run(request(assets, "later", "hi", 2, 3, priority=1)))
-        await asyncio.sleep(0.05)
-        first = asyncio.create_task(run(request(assets, "first", "hi", 3, 3, priority=0)))
-        await asyncio.sleep(0.05)
-        await busy.aclose()
-        await asyncio.wait_for(asyncio.gather(later, first), 10)
-        assert order == ["first", "later"]
+def test_first_segments_go_first(assets: LmAssets) -> None:
+    """With one free slot, a first segment (priority 0) is admitted before a
+    later segment (priority 1) that arrived earlier; the later one waits."""
+    engine = make_engine(assets, slots=1)
+    model = engine._build()
+    engine._model = model
+    for r in (request(assets, "later", "hi", 2, 3, priority=1),
+              request(assets, "first", "hi", 3, 3, priority=0)):
+        engine._inbox.put(("submit", engine._pending(r, model)))
+    engine._take_inbox()
+    out: list[tuple[object, ...]] = []
+    engine._admit(model, out)  # type: ignore[arg-type]
+    assert [e[0] for e in out] == ["first"]  # its first step, from the prefill
+    assert [w[2].request.request_id for w in engine._waiting] == ["later"]
 
 
 async def test_non_finite_fails_only_that_request(assets: LmAssets) -> None:

@@ -73,6 +73,8 @@ class TorchEngineConfig:
     max_queue_s: float = 10.0  # a request queued longer fails (overloaded)
     retry_after_ms: int = 500
     min_new_steps: int = 1  # no EOS at the first step (upstream regenerates an empty result)
+    # Benchmarks on random weights: no EOS at all, every request runs to its budget.
+    ignore_eos: bool = False
     penalty_window: int = PENALTY_WINDOW
 
 
@@ -493,7 +495,8 @@ class TorchCodeEngine:
         self._penalty[slots.to(dev)] = torch.tensor([s.repetition_penalty for s in params],
                                                     dtype=torch.float32).to(dev)
         self._seed[slots.to(dev)] = torch.tensor([lv.pending.seed for lv in lives]).to(dev)
-        self._min_new[slots.to(dev)] = self.config.min_new_steps
+        self._min_new[slots.to(dev)] = (1 << 40) if self.config.ignore_eos \
+            else self.config.min_new_steps
         self._step[slots.to(dev)] = 0
         self._hist[slots.to(dev)] = model.cfg.num_audio_tokens
         sl = slots.to(dev)
