@@ -162,10 +162,7 @@ def write_tiny_chattts(root: str | Path, *, shape: str = "tiny", seed: int = 0,
     mean = 0.2 * torch.randn(base.hidden_size, generator=gen)
     torch.save(torch.cat([std, mean]).half(), str(asset / "spk_stat.pt"))
     if decoder:
-        import importlib
-
-        # chattts-dec's writer (rtserver/testing/tiny_chattts_decoder.py)
-        dec = importlib.import_module("rtserver.testing.tiny_chattts_decoder")
+        from rtserver.testing import tiny_chattts_decoder as dec
 
         if shape == "tiny":
             dec.write_tiny_decoder_assets(root, gpt_hidden=base.hidden_size, seed=seed)

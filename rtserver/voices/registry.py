@@ -33,6 +33,7 @@ from rtserver.voices.base import Voice
 BUILTIN_FAMILIES: tuple[str, ...] = (
     "rtserver.voices.piper_family",
     "rtserver.voices.orpheus",
+    "rtserver.voices.chattts.family",
 )
 ENTRY_POINT_GROUP = "rtserver.voice_families"
 _NAME = re.compile(r"[a-z][a-z0-9]*\Z")  # no "_": RTSERVER_<FAMILY>_<FIELD> must split

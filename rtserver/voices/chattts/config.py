@@ -1,0 +1,65 @@
+"""The ``[chattts]`` config section (light: no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTTSConfig:
+    """Settings of the ChatTTS family: one engine and one decoder per process.
+
+    Voices are ``chattts:<speaker>``: a name from ``voices_file`` (upstream
+    speaker strings) or ``seed_<N>`` (a sample of the model's speaker
+    statistics, the same for the same N).
+    """
+
+    asset_dir: str = ""  # the folder holding asset/ (upstream 2Noise/ChatTTS layout)
+    device: str = "auto"  # "cpu", "cuda", "cuda:1", "auto"
+    dtype: str = "auto"  # "float32", "bfloat16", "auto": bfloat16 on CUDA, float32 on CPU
+    decoder: str = "decoder"  # "decoder" (hidden states) or "dvae" (codes)
+    # A TOML or JSON file: name -> upstream speaker string (TOML: a [speakers] table).
+    voices_file: str = ""
+    # Seeded speakers listed as voices (chattts:seed_N); any N may be configured.
+    seeds: tuple[int, ...] = (1, 2)
+    speaker: str = ""  # the default speaker; empty: the first named one, else seed_<first>
+    # Upstream's spk_stat string (config.py), when the folder has no spk_stat.pt.
+    speaker_stats: str = ""
+    speed: int = 5  # [speed_N], upstream's prompt default is [speed_5]
+    # Sampling (upstream Chat.InferCodeParams defaults)
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    seed: int = -1  # sampling seed for every request; -1: a fresh one per request
+    # Step budget per segment (46.875 steps per second of audio): upstream caps
+    # at 2048 steps; here base + per character, generous for slow speech.
+    budget_base_s: float = 2.0
+    budget_s_per_cjk: float = 0.6
+    budget_s_per_char: float = 0.15
+    # Engine
+    slots: int = 64
+    max_len: int = 2048  # positions per slot (prompt + steps); upstream max_new_token 2048
+    cuda_graphs: bool = True
+    prefill_tokens: int = 4096
+    max_waiting: int = 4096
+    max_queue_s: float = 10.0
+    retry_after_ms: int = 500
+    warm_up_steps: int = 8
+    # Benchmarks on random weights: EOS never sampled, speech runs to the budget.
+    ignore_eos: bool = False
+
+    def check(self) -> None:
+        """``ValueError`` naming the field."""
+        if self.decoder not in ("decoder", "dvae"):
+            raise ValueError(f"chattts.decoder {self.decoder!r}: 'decoder' or 'dvae'")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"chattts.dtype {self.dtype!r}: auto, float32, bfloat16, float16")
+        if not 0 <= self.speed <= 9:
+            raise ValueError(f"chattts.speed {self.speed}: 0..9")
+        if self.slots < 1 or self.max_len < 16:
+            raise ValueError("chattts.slots must be >= 1 and chattts.max_len >= 16")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("chattts sampling: temperature > 0, 0 < top_p <= 1, top_k >= 0")
+        if self.repetition_penalty <= 0:
+            raise ValueError("chattts.repetition_penalty must be > 0")
