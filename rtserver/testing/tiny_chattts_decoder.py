@@ -21,13 +21,13 @@ from typing import Literal
 import numpy as np
 import torch
 
+from rtserver.vocoder.chattts.checkpoint import random_audio_models
 from rtserver.vocoder.chattts.dims import (
     REAL_DIMS,
     ChatTTSAudioDims,
     dvae_encoder_shapes,
     tiny_dims,
 )
-from rtserver.vocoder.chattts.modules import MelDecoder, Vocos, init_random_
 
 Shape = Literal["tiny", "real"]
 # Residual scale of the random blocks: trained ConvNeXt stacks keep their
@@ -72,12 +72,9 @@ def write_decoder_assets(root: Path, dims: ChatTTSAudioDims, *, seed: int = 0,
     asset = root / "asset"
     asset.mkdir(parents=True, exist_ok=True)
 
-    decoder = MelDecoder(dims.decoder, dims.n_mels)
-    init_random_(decoder, seed, layer_scale=layer_scale)
+    decoder, dvae, vocos = random_audio_models(dims, seed=seed, layer_scale=layer_scale)
     save_file(_state(decoder), str(asset / "Decoder.safetensors"))
 
-    dvae = MelDecoder(dims.dvae_decoder, dims.n_mels, dims.vq)
-    init_random_(dvae, seed + 1, layer_scale=layer_scale)
     state = _state(dvae)
     gen = torch.Generator().manual_seed(seed + 2)
     for key, shape in dvae_encoder_shapes(dims).items():
@@ -88,8 +85,6 @@ def write_decoder_assets(root: Path, dims: ChatTTSAudioDims, *, seed: int = 0,
     state.update(_mel_buffers("preprocessor_mel.mel_spec.", dims))
     save_file(state, str(asset / "DVAE.safetensors"))
 
-    vocos = Vocos(dims.vocos)
-    init_random_(vocos, seed + 3, layer_scale=layer_scale)
     state = _state(vocos)
     state.update(_mel_buffers("feature_extractor.mel_spec.", dims))
     save_file(state, str(asset / "Vocos.safetensors"))

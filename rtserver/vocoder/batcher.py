@@ -1,6 +1,7 @@
 """Cross-stream batching of decoder calls, run off the event loop.
 
-Every window submitted while the decoder is busy (or in the same loop tick)
+Every window (any type with ``n_frames``: SNAC code windows, ChatTTS step
+windows) submitted while the decoder is busy (or in the same loop tick)
 goes into the next call: one worker task takes all queued windows, groups them
 by length (padding within a group is exact, see ``snac_model``), and runs the
 group decodes on one dedicated thread, so the event loop never waits on a
@@ -23,23 +24,32 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from rtserver.vocoder.snac_model import CodeWindow
-
 FloatArray = npt.NDArray[np.float32]
 
 
-class WindowDecoder(Protocol):
-    """Decodes code windows to audio, one array per window, in order."""
+class FrameWindow(Protocol):
+    """A window of one stream's frames (SNAC ``CodeWindow``, ChatTTS ``StepWindow``)."""
 
-    def decode(self, windows: Sequence[CodeWindow]) -> list[FloatArray]: ...
+    @property
+    def n_frames(self) -> int: ...
 
 
-class LaneDecoder(WindowDecoder, Protocol):
+W = TypeVar("W", bound=FrameWindow)
+W_contra = TypeVar("W_contra", bound=FrameWindow, contravariant=True)
+
+
+class WindowDecoder(Protocol[W_contra]):
+    """Decodes windows to audio, one array per window, in order."""
+
+    def decode(self, windows: Sequence[W_contra]) -> list[FloatArray]: ...
+
+
+class LaneDecoder(WindowDecoder[W_contra], Protocol[W_contra]):
     """A decoder for a second thread, for the shapes it ``fits`` only."""
 
     def fits(self, windows: int, frames: int) -> bool: ...
@@ -104,30 +114,30 @@ def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]
     return groups
 
 
-class _Item:
+class _Item(Generic[W]):
     __slots__ = ("future", "urgent", "window")
 
-    def __init__(self, window: CodeWindow, future: asyncio.Future[FloatArray],
+    def __init__(self, window: W, future: asyncio.Future[FloatArray],
                  urgent: bool) -> None:
         self.window, self.future, self.urgent = window, future, urgent
 
 
-class DecodeBatcher:
+class DecodeBatcher(Generic[W]):
     """Owns the decode thread. ``start`` before ``decode``; ``close`` at the end."""
 
-    def __init__(self, decoder: WindowDecoder, config: BatcherConfig | None = None, *,
+    def __init__(self, decoder: WindowDecoder[W], config: BatcherConfig | None = None, *,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._decoder = decoder
         self._cfg = config or BatcherConfig()
         self._clock = clock
-        self._urgent: deque[_Item] = deque()
-        self._normal: deque[_Item] = deque()
+        self._urgent: deque[_Item[W]] = deque()
+        self._normal: deque[_Item[W]] = deque()
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         # the first lane: decoder, its urgent queue, wake-up, worker, thread
-        self._lane: LaneDecoder | None = None
-        self._lane_queue: deque[_Item] = deque()
+        self._lane: LaneDecoder[W] | None = None
+        self._lane_queue: deque[_Item[W]] = deque()
         self._lane_wake = asyncio.Event()
         self._lane_worker: asyncio.Task[None] | None = None
         self._lane_executor: ThreadPoolExecutor | None = None
@@ -152,7 +162,7 @@ class DecodeBatcher:
         self._worker = asyncio.get_running_loop().create_task(self._run(self._loop),
                                                                 name="vocoder-batcher")
 
-    def enable_first_lane(self, lane: LaneDecoder) -> None:
+    def enable_first_lane(self, lane: LaneDecoder[W]) -> None:
         """From now on, urgent windows that ``lane`` fits decode on it, on a
         second thread, beside the main calls. Once, after ``start``."""
         if self._worker is None or self._closing or self._lane is not None:
@@ -187,7 +197,7 @@ class DecodeBatcher:
                 if not item.future.done():
                     item.future.set_exception(exc)
 
-    async def decode(self, windows: Sequence[CodeWindow], *, urgent: bool = False
+    async def decode(self, windows: Sequence[W], *, urgent: bool = False
                      ) -> list[FloatArray]:
         """Audio of each window, decoded in the next batched call(s)."""
         if not self.running:
@@ -198,7 +208,7 @@ class DecodeBatcher:
         items = [_Item(w, loop.create_future(), urgent) for w in windows]
         lane = self._lane
         if urgent and lane is not None and lane.fits(
-                1, max(int(w.codes.shape[0]) for w in windows)):
+                1, max(w.n_frames for w in windows)):
             self._lane_queue.extend(items)
             self._lane_wake.set()
         else:
@@ -206,13 +216,13 @@ class DecodeBatcher:
             self._wake.set()
         return list(await asyncio.gather(*(i.future for i in items)))
 
-    def _take(self) -> list[_Item]:
-        batch: list[_Item] = []
+    def _take(self) -> list[_Item[W]]:
+        batch: list[_Item[W]] = []
         frames = 0
         for q in (self._urgent, self._normal):
             while q and len(batch) < self._cfg.max_batch:
                 item = q[0]
-                n = int(item.window.codes.shape[0])
+                n = item.window.n_frames
                 if batch and frames + n > self._cfg.max_batch_frames:
                     return batch
                 q.popleft()
@@ -243,7 +253,7 @@ class DecodeBatcher:
                 # and their streams get audio before the rest of the tick is done.
                 for urgent in (True, False):
                     part = [i for i in batch if i.urgent == urgent]
-                    lengths = [int(i.window.codes.shape[0]) for i in part]
+                    lengths = [i.window.n_frames for i in part]
                     for group in group_windows(lengths, self._cfg):
                         await self._call(loop, [part[g] for g in group])
             if self._closing:
@@ -259,20 +269,20 @@ class DecodeBatcher:
             self._lane_wake.clear()
             await asyncio.sleep(0)  # let the rest of this tick's first chunks queue up
             while q:
-                part: list[_Item] = []
+                part: list[_Item[W]] = []
                 longest = 0
                 while q and (not part or lane.fits(len(part) + 1, max(
-                        longest, int(q[0].window.codes.shape[0])))):
+                        longest, q[0].window.n_frames))):
                     item = q.popleft()
                     if not item.future.done():
                         part.append(item)
-                        longest = max(longest, int(item.window.codes.shape[0]))
+                        longest = max(longest, item.window.n_frames)
                 self.stats.ticks += 1
                 await self._call(loop, part, lane=True)
             if self._closing:
                 return
 
-    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[_Item], *,
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[_Item[W]], *,
                     lane: bool = False) -> None:
         items = [i for i in items if not i.future.done()]  # drop cancelled streams'
         if not items:
@@ -292,7 +302,7 @@ class DecodeBatcher:
             if not item.future.done():
                 item.future.set_result(audio)
 
-    def _decode(self, windows: list[CodeWindow], lane: bool = False
+    def _decode(self, windows: list[W], lane: bool = False
                 ) -> tuple[list[FloatArray], float]:
         """One decoder call and its wall time; runs on the decode thread (or
         the first lane's). Counters are updated by the caller, on the loop."""
@@ -305,8 +315,8 @@ class DecodeBatcher:
             raise RuntimeError("decoder returned a different number of arrays than windows")
         return audio, seconds
 
-    def _count(self, windows: list[CodeWindow], seconds: float, lane: bool) -> None:
-        lengths = [int(w.codes.shape[0]) for w in windows]
+    def _count(self, windows: list[W], seconds: float, lane: bool) -> None:
+        lengths = [w.n_frames for w in windows]
         st = self.stats
         st.decode_seconds += seconds
         st.calls += 1

@@ -25,7 +25,9 @@ Geometry of one decode (absolute sample positions, ``F`` = samples per frame)::
 Schedule: the first decode runs as soon as ``first_frames`` frames are there
 (it emits ``first_frames*F - first_lookahead - crossfade`` samples: the TTFA
 chunk). Later decodes run once they can emit at least ``c_k * F`` new samples,
-``c_2 = ceil(first_frames*growth)``, ``c_{k+1} = ceil(c_k*growth)``, capped at
+``c_2 = ceil(first_frames*growth)`` (or ``second_frames`` when set: a first
+decode with a long lookahead emits much less than its frames),
+``c_{k+1} = ceil(c_k*growth)``, capped at
 ``max_chunk_frames``; one decode emits under ``(max_chunk_frames + 1) * F``
 samples (a burst of frames becomes several decodes, decoded in one batch),
 the final one up to ``lookahead + crossfade`` more.
@@ -77,6 +79,7 @@ class ChunkConfig:
     first_frames: int = 1  # frames before the first decode (the decoder needs 1)
     growth: float = 2.0  # chunk k+1 is ceil(growth x chunk k) frames
     max_chunk_frames: int = 16  # 1.37 s of audio per decode at most
+    second_frames: int = 0  # target of decode 2 (0: ceil(first_frames x growth))
     context_samples: int = SNAC24_EXACT_SUPPORT  # exact left edge
     # First chunk: 2048 - 1024 - 256 = 768 samples (32 ms) of audio after ONE
     # frame (TTFA first). Its seam is the stream's only approximate one: about
@@ -96,6 +99,8 @@ class ChunkConfig:
             raise ValueError("first_frames must be >= 1")
         if self.growth < 1.0:
             raise ValueError("growth must be >= 1")
+        if self.second_frames < 0:
+            raise ValueError("second_frames must be >= 0")
         if self.max_chunk_frames < self.first_frames:
             raise ValueError("max_chunk_frames must be >= first_frames")
         for name in ("context_samples", "first_lookahead_samples", "lookahead_samples",
@@ -112,9 +117,15 @@ class ChunkConfig:
     def chunk_frames(self, k: int) -> int:
         """Target size, in frames, of the ``k``-th decode (0-based)."""
         c = self.first_frames
-        for _ in range(k):
+        if k == 0:
+            return c
+        if self.second_frames:
+            c = min(self.max_chunk_frames, self.second_frames)
+        else:
             c = min(self.max_chunk_frames, max(c, math.ceil(c * self.growth)))
-        return min(c, self.max_chunk_frames) if k else c
+        for _ in range(k - 1):
+            c = min(self.max_chunk_frames, max(c, math.ceil(c * self.growth)))
+        return c
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +201,8 @@ class ChunkPlanner:
             short = cfg.first_frames * f - cfg.first_lookahead_samples - cfg.crossfade_samples
             if b * f - margin >= short:
                 jobs.append(self._job(b, b * f - margin, final=False))
-            else:
-                jobs.append(self._job(cfg.first_frames, short, final=False))
+            else:  # the short chunk, with all the frames there as its lookahead
+                jobs.append(self._job(b, short, final=False))
             self._started = True
         # Later decodes: the smallest b that emits the target, or more frames up
         # to the per-decode cap when a burst is already there.

@@ -18,10 +18,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rtserver.vocoder.batcher import WindowDecoder
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
 from rtserver.vocoder.snac_model import (
     SNAC24_CONFIG,
@@ -109,11 +111,17 @@ def measure_edges(decoder: SnacDecoder, *, span: int = 256, seed: int = 3
     return worst
 
 
-def decode_chunked(decoder: SnacDecoder, codes: npt.NDArray[np.int64], config: ChunkConfig,
-                   push_sizes: Sequence[int] = (1,)) -> tuple[list[FloatArray], list[DecodeJob]]:
+WindowFactory = Callable[[npt.NDArray[Any], int], Any]
+
+
+def decode_chunked(decoder: WindowDecoder[Any], codes: npt.NDArray[Any], config: ChunkConfig,
+                   push_sizes: Sequence[int] = (1,), *, window: WindowFactory = CodeWindow
+                   ) -> tuple[list[FloatArray], list[DecodeJob]]:
     """Stream ``codes`` through planner + decoder + joiner, synchronously.
 
-    ``push_sizes`` cycles: frames per push. Returns the emitted chunks and jobs.
+    ``push_sizes`` cycles: frames per push. ``window(rows, start_frame)`` makes
+    the decoder's window (SNAC ``CodeWindow`` by default; any frame rows, e.g.
+    ChatTTS hidden states). Returns the emitted chunks and jobs.
     """
     planner, joiner = ChunkPlanner(config), SeamJoiner(config.samples_per_frame)
     chunks: list[FloatArray] = []
@@ -121,7 +129,7 @@ def decode_chunked(decoder: SnacDecoder, codes: npt.NDArray[np.int64], config: C
     pos, i = 0, 0
 
     def run(jobs: list[DecodeJob]) -> None:
-        windows = [CodeWindow(codes[j.start_frame:j.end_frame], j.start_frame) for j in jobs]
+        windows = [window(codes[j.start_frame:j.end_frame], j.start_frame) for j in jobs]
         for job, audio in zip(jobs, decoder.decode(windows), strict=True):
             chunks.append(joiner.join(job, audio))
             jobs_all.append(job)
@@ -142,11 +150,12 @@ class SeamReport:
     first_chunk_samples: int
 
 
-def seam_report(decoder: SnacDecoder, codes: npt.NDArray[np.int64], config: ChunkConfig,
-                push_sizes: Sequence[int] = (1,)) -> SeamReport:
-    """Chunked decode vs one full decode of the same codes."""
-    full = decoder.decode([CodeWindow(codes, 0)])[0].astype(np.float64)
-    chunks, jobs = decode_chunked(decoder, codes, config, push_sizes)
+def seam_report(decoder: WindowDecoder[Any], codes: npt.NDArray[Any], config: ChunkConfig,
+                push_sizes: Sequence[int] = (1,), *, window: WindowFactory = CodeWindow
+                ) -> SeamReport:
+    """Chunked decode vs one full decode of the same frames."""
+    full = decoder.decode([window(codes, 0)])[0].astype(np.float64)
+    chunks, jobs = decode_chunked(decoder, codes, config, push_sizes, window=window)
     out = np.concatenate(chunks).astype(np.float64) if chunks else np.zeros(0)
     rms = float(np.sqrt(np.mean(full ** 2)))
     if len(out) != len(full):

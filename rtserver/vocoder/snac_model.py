@@ -155,6 +155,10 @@ class CodeWindow:
     codes: npt.NDArray[np.int64]
     start_frame: int
 
+    @property
+    def n_frames(self) -> int:
+        return int(self.codes.shape[0])
+
 
 class _BatchState:
     """What the hooks and noise layers read during one forward."""

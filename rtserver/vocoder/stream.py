@@ -115,7 +115,7 @@ class VocoderStream:
     __slots__ = ("_base", "_batcher", "_busy", "_closed", "_codes", "_joiner", "_planner",
                  "_vocoder")
 
-    def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher) -> None:
+    def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher[CodeWindow]) -> None:
         self._vocoder = vocoder
         self._batcher = batcher
         self._planner = ChunkPlanner(vocoder.chunking)

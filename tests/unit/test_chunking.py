@@ -78,14 +78,16 @@ def test_crossfade_windows_sum_to_one() -> None:
     la=st.sampled_from([0, 1024, 3584, 4757]),
     xf=st.sampled_from([0, 128, 256]),
     ctx=st.sampled_from([0, 2048, 4757]),
+    second=st.sampled_from([0, 1, 3]),
 )
 def test_every_sample_once_in_order(pushes: list[int], first: int, growth: float,
-                                    max_chunk: int, la: int, xf: int, ctx: int) -> None:
+                                    max_chunk: int, la: int, xf: int, ctx: int,
+                                    second: int) -> None:
     first_la = min(la, first * F - xf - 1)
     max_chunk = max(max_chunk, first)
     cfg = ChunkConfig(first_frames=first, growth=growth, max_chunk_frames=max_chunk,
                       context_samples=ctx, first_lookahead_samples=first_la,
-                      lookahead_samples=la, crossfade_samples=xf)
+                      lookahead_samples=la, crossfade_samples=xf, second_frames=second)
     jobs, chunks, seen = run(cfg, pushes)
     out = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     n = sum(pushes)

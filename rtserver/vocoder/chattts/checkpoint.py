@@ -28,7 +28,7 @@ from rtserver.vocoder.chattts.dims import (
     dvae_decode_shapes,
     vocos_file_shapes,
 )
-from rtserver.vocoder.chattts.modules import MelDecoder, Vocos
+from rtserver.vocoder.chattts.modules import MelDecoder, Vocos, init_random_
 
 Route = Literal["decoder", "dvae"]
 DECODER_FILE = "asset/Decoder.safetensors"
@@ -170,3 +170,16 @@ def load_audio_models(root: Path, route: Route = "decoder"
                  if not k.startswith("feature_extractor.")}
     _load_into(vocos, vocos_path, vstate, vexpected)
     return mel.eval(), vocos.eval(), dims
+
+
+def random_audio_models(dims: ChatTTSAudioDims, *, seed: int = 0, layer_scale: float = 0.5
+                        ) -> tuple[MelDecoder, MelDecoder, Vocos]:
+    """(Decoder, DVAE decode path, Vocos) with random weights (``init_random_``),
+    the same the test writer puts in the files for ``seed``."""
+    decoder = MelDecoder(dims.decoder, dims.n_mels)
+    init_random_(decoder, seed, layer_scale=layer_scale)
+    dvae = MelDecoder(dims.dvae_decoder, dims.n_mels, dims.vq)
+    init_random_(dvae, seed + 1, layer_scale=layer_scale)
+    vocos = Vocos(dims.vocos)
+    init_random_(vocos, seed + 3, layer_scale=layer_scale)
+    return decoder.eval(), dvae.eval(), vocos.eval()

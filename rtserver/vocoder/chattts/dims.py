@@ -234,3 +234,18 @@ def _stack_shapes(m: MelDecoderDims, prefix: str) -> dict[str, SHAPE]:
             p + "weight": (h,),
         })
     return shapes
+
+
+def narrow_dims(gpt_hidden: int = 768) -> ChatTTSAudioDims:
+    """The real depths, kernels and dilation (so the real receptive field) with
+    narrow widths: seam tests of the real reach at a fraction of the cost."""
+    if gpt_hidden < 2 or gpt_hidden % 2:
+        raise ValueError("gpt_hidden must be even (each step splits into two mel frames)")
+    return ChatTTSAudioDims(
+        decoder=MelDecoderDims(idim=gpt_hidden // 2, odim=gpt_hidden // 2, hidden=64,
+                               n_layer=12, bn_dim=32),
+        dvae_decoder=MelDecoderDims(idim=32, odim=32, hidden=64, n_layer=12, bn_dim=32),
+        dvae_encoder=MelDecoderDims(idim=32, odim=64, hidden=32, n_layer=1, bn_dim=16),
+        vq=VQDims(dim=64),
+        vocos=VocosDims(dim=64, intermediate=192, n_layers=8),
+    )

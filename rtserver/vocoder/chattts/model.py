@@ -1,0 +1,210 @@
+"""Batched window decoding: many streams' step windows -> 24 kHz audio in one call.
+
+A window is a run of GPT steps of one stream (hidden states [n, 768] on the
+Decoder route, codes [n, 4] on the DVAE route) starting at ``start_frame``;
+its audio is ``n * 512`` samples, exactly what decoding those steps alone gives
+(the modules' masks make batch padding exact). ``ChatTTSWindowDecoder.decode``
+packs the windows of a call into one zero-padded batch, one host->device copy,
+one forward, one device->host copy.
+
+On CUDA with ``cuda_graphs``: one graph per (batch bucket, steps bucket),
+captured in ``warm_up`` (or on first use), sharing one memory pool, replayed
+for calls that fit; other shapes run eager. All graph work is on the decode
+thread (one call at a time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rtserver.vocoder.chattts.dims import SAMPLE_RATE, STEP_SAMPLES, ChatTTSAudioDims
+from rtserver.vocoder.chattts.modules import MelDecoder, Vocos
+
+FloatArray = npt.NDArray[np.float32]
+Route = Literal["decoder", "dvae"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepWindow:
+    """Steps ``data`` ([n, width]: float32 hidden states or int64 codes) of one
+    stream, the first being step ``start_frame`` of its segment."""
+
+    data: npt.NDArray[Any]
+    start_frame: int
+
+    @property
+    def n_frames(self) -> int:
+        return int(self.data.shape[0])
+
+
+class _Graph:
+    __slots__ = ("graph", "lengths", "out", "x")
+
+    def __init__(self, x: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.x, self.lengths = x, lengths
+        self.out: torch.Tensor | None = None
+        self.graph: Any = None
+
+
+class ChatTTSWindowDecoder:
+    """Mel decoder + Vocos on one device. Not thread-safe: one decode thread."""
+
+    sample_rate = SAMPLE_RATE
+    samples_per_frame = STEP_SAMPLES
+
+    def __init__(self, mel: MelDecoder, vocos: Vocos, dims: ChatTTSAudioDims, route: Route, *,
+                 device: str = "cpu", cuda_graphs: bool = False, bf16: bool = False,
+                 graph_max_batch: int = 64, graph_frame_buckets: Sequence[int] = (),
+                 graph_max_cells: int = 16384) -> None:
+        self.device = torch.device(device)
+        self.route: Route = route
+        self.dims = dims
+        self.mel = mel.to(self.device).eval()
+        self.vocos = vocos.to(self.device).eval()
+        self.width = dims.gpt_hidden if route == "decoder" else dims.vq.n_codes
+        self.dtype = np.float32 if route == "decoder" else np.int64
+        self._bf16 = bf16 and self.device.type == "cuda"
+        self._use_graphs = cuda_graphs and self.device.type == "cuda"
+        self._graph_max_batch = graph_max_batch
+        self._frame_buckets = sorted(set(graph_frame_buckets))
+        self._graph_max_cells = graph_max_cells
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool: Any = None
+        self._pinned: torch.Tensor | None = None
+        self._pinned_out: torch.Tensor | None = None
+
+    # --- eager ----------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``x`` (B, T, width) on the device, ``lengths`` (B,) steps -> (B, T*512)."""
+        t = x.shape[1]
+        mask = (torch.arange(2 * t, device=x.device)[None, :] < 2 * lengths[:, None])
+        mask = mask.to(torch.float32).unsqueeze(1)
+        inp = x.transpose(1, 2) if self.route == "decoder" else x
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self._bf16):
+            mel = self.mel(inp, mask)
+            feats = self.vocos.backbone(mel, mask)
+        return self.vocos.head(feats.float(), mask)
+
+    def decode(self, windows: Sequence[StepWindow]) -> list[FloatArray]:
+        """Audio of each window (``n * 512`` float32 samples), in order."""
+        if not windows:
+            return []
+        b, n = len(windows), max(w.n_frames for w in windows)
+        if n == 0:
+            return [np.zeros(0, dtype=np.float32) for _ in windows]
+        with torch.inference_mode():
+            graph = self._graph_for(b, n) if self._use_graphs else None
+            if graph is not None:
+                return self._replay(graph, windows)
+            x, lengths = self._pack(windows, b, n)
+            audio = self.forward(x.to(self.device, non_blocking=True),
+                                 lengths.to(self.device, non_blocking=True))
+            return self._unpack(audio, windows)
+
+    def _pack(self, windows: Sequence[StepWindow], b: int, n: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
+        size = b * n * self.width
+        pin = self.device.type == "cuda"
+        buf = self._pinned
+        if buf is None or buf.numel() < size or buf.dtype != torch_dtype:
+            buf = torch.zeros(max(size, 1 << 16), dtype=torch_dtype, pin_memory=pin)
+            self._pinned = buf
+        x = buf[:size].view(b, n, self.width)
+        x.zero_()
+        xa = x.numpy()
+        for i, w in enumerate(windows):
+            xa[i, :w.n_frames] = w.data
+        lengths = torch.tensor([w.n_frames for w in windows], dtype=torch.int64)
+        return x, lengths
+
+    def _unpack(self, audio: torch.Tensor, windows: Sequence[StepWindow]) -> list[FloatArray]:
+        b, cols = len(windows), audio.shape[1]
+        if self.device.type == "cuda":
+            out = self._pinned_out
+            if out is None or out.numel() < b * cols:
+                out = torch.empty(max(b * cols, 1 << 20), dtype=torch.float32, pin_memory=True)
+                self._pinned_out = out
+            host = out[:b * cols].view(b, cols)
+            host.copy_(audio[:b], non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        else:
+            host = audio[:b]
+        arr = host.numpy()
+        return [np.array(arr[i, :w.n_frames * STEP_SAMPLES], dtype=np.float32)
+                for i, w in enumerate(windows)]
+
+    # --- CUDA graphs (guarded: cuda_graphs=True on a CUDA device only) ----------
+
+    def graph_buckets(self) -> list[tuple[int, int]]:
+        """Every (batch, steps) shape a graph is captured for: batches in powers
+        of two up to ``graph_max_batch``, steps from ``graph_frame_buckets``,
+        batch x steps <= ``graph_max_cells`` (bounds capture time and memory)."""
+        batches = [1 << i for i in range(int(math.log2(self._graph_max_batch)) + 1)]
+        return [(b, n) for b in batches for n in self._frame_buckets
+                if b * n <= self._graph_max_cells]
+
+    def _bucket(self, b: int, n: int) -> tuple[int, int] | None:
+        if b > self._graph_max_batch:
+            return None
+        bb = 1 << max(0, math.ceil(math.log2(b)))
+        for nb in self._frame_buckets:
+            if nb >= n:
+                return (bb, nb) if bb * nb <= self._graph_max_cells else None
+        return None
+
+    def _graph_for(self, b: int, n: int) -> _Graph | None:
+        key = self._bucket(b, n)
+        if key is None:
+            return None
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(*key)
+            self._graphs[key] = graph
+        return graph
+
+    def _capture(self, b: int, n: int) -> _Graph:
+        torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
+        x = torch.zeros(b, n, self.width, dtype=torch_dtype, device=self.device)
+        lengths = torch.full((b,), n, dtype=torch.int64, device=self.device)
+        g = _Graph(x, lengths)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up runs: allocator, cuFFT plans, autotuning
+                self.forward(x, lengths)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self._pool):
+            g.out = self.forward(x, lengths)
+        return g
+
+    def _replay(self, g: _Graph, windows: Sequence[StepWindow]) -> list[FloatArray]:
+        b, n = g.x.shape[0], g.x.shape[1]
+        x, lengths = self._pack(windows, b, n)  # rows past len(windows): zeros, length 0
+        lengths = torch.cat([lengths, torch.zeros(b - len(windows), dtype=torch.int64)])
+        g.x.copy_(x, non_blocking=True)
+        g.lengths.copy_(lengths, non_blocking=True)
+        g.graph.replay()
+        assert g.out is not None
+        return self._unpack(g.out, windows)
+
+    def warm_up(self) -> int:
+        """One eager decode; with graphs, capture every bucket now. Returns graphs held."""
+        self.decode([StepWindow(np.zeros((2, self.width), dtype=self.dtype), 0)])
+        if self._use_graphs:
+            with torch.inference_mode():
+                for key in self.graph_buckets():
+                    if key not in self._graphs:
+                        self._graphs[key] = self._capture(*key)
+        return len(self._graphs)

@@ -1,0 +1,156 @@
+"""ChatTTS streaming vocoder: the voice's API, input checks, batching across streams."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rtserver.testing.tiny_chattts_decoder import write_tiny_decoder_assets
+from rtserver.vocoder.chattts.config import ChatTTSDecodeConfig
+from rtserver.vocoder.chattts.model import StepWindow
+from rtserver.vocoder.chattts.stream import ChatTTSStream, ChatTTSVocoder
+
+F = 512
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_decoder_assets(tmp_path_factory.mktemp("chattts"), gpt_hidden=32, seed=4)
+
+
+def steps(n: int, seed: int, width: int = 32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+async def run_stream(stream: ChatTTSStream, x: np.ndarray, pushes: tuple[int, ...]
+                     ) -> np.ndarray:
+    out: list[np.ndarray] = []
+    pos, i = 0, 0
+    while pos < len(x):
+        n = pushes[i % len(pushes)]
+        out += [c.samples for c in await stream.push(x[pos:pos + n])]
+        pos, i = pos + n, i + 1
+    out += [c.samples for c in await stream.finish()]
+    return np.concatenate(out)
+
+
+def test_streams_batched_together_equal_each_alone(root: Path) -> None:
+    """Four streams at once (different lengths and push patterns) through one
+    batcher: each stream's audio equals the same stream decoded alone."""
+    xs = [steps(n, seed) for n, seed in ((70, 1), (45, 2), (90, 3), (20, 4))]
+    patterns = [(1,), (3, 1), (7,), (1, 2)]
+
+    async def together() -> tuple[list[np.ndarray], dict[int, int]]:
+        vocoder = ChatTTSVocoder.load(root)
+        await vocoder.start()
+        try:
+            outs = await asyncio.gather(*(run_stream(vocoder.open_stream(), x, p)
+                                          for x, p in zip(xs, patterns, strict=True)))
+            return list(outs), vocoder.stats.call_sizes
+        finally:
+            await vocoder.close()
+
+    async def alone(x: np.ndarray, p: tuple[int, ...]) -> np.ndarray:
+        vocoder = ChatTTSVocoder.load(root)
+        await vocoder.start(warm_up=False)
+        try:
+            return await run_stream(vocoder.open_stream(), x, p)
+        finally:
+            await vocoder.close()
+
+    outs, call_sizes = asyncio.run(together())
+    assert max(call_sizes) > 1  # streams did share decoder calls
+    for x, p, out in zip(xs, patterns, outs, strict=True):
+        assert out.shape == (len(x) * F,)
+        ref = asyncio.run(alone(x, p))
+        np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))
+
+
+def test_window_decoder_batch_equals_alone(root: Path) -> None:
+    vocoder = ChatTTSVocoder.load(root)
+    windows = [StepWindow(steps(n, n), 0) for n in (3, 17, 1, 40)]
+    batched = vocoder.decoder.decode(windows)
+    for w, audio in zip(windows, batched, strict=True):
+        alone = vocoder.decoder.decode([w])[0]
+        assert audio.shape == (w.n_frames * F,)
+        np.testing.assert_allclose(audio, alone, rtol=0, atol=2e-6 * float(np.abs(alone).max()))
+
+
+def test_dvae_route_takes_codes(root: Path) -> None:
+    codes = np.random.default_rng(0).integers(0, 625, (30, 4))
+
+    async def go() -> np.ndarray:
+        vocoder = ChatTTSVocoder.load(root, route="dvae")
+        await vocoder.start()
+        try:
+            assert vocoder.route == "dvae" and vocoder.width == 4
+            s = vocoder.open_stream()
+            with pytest.raises(ValueError, match=r"codes must be in \[0, 625\)"):
+                await s.push(np.full((1, 4), 625))
+            return await run_stream(s, codes, (2,))
+        finally:
+            await vocoder.close()
+
+    out = asyncio.run(go())
+    full = ChatTTSVocoder.load(root, route="dvae").decoder.decode([StepWindow(codes, 0)])[0]
+    assert out.shape == full.shape == (30 * F,)
+    rms = float(np.sqrt(np.mean(full.astype(np.float64) ** 2)))
+    assert rms > 0
+    # the chunked stream is the full decode but near the first seam (see config)
+    assert 20 * np.log10(float(np.abs(out - full).max()) / rms) <= -25.0
+
+
+def test_bad_input_is_refused_and_the_stream_goes_on(root: Path) -> None:
+    async def go() -> None:
+        vocoder = ChatTTSVocoder.load(root)
+        await vocoder.start(warm_up=False)
+        try:
+            s = vocoder.open_stream()
+            with pytest.raises(ValueError, match=r"shape \(steps, 32\)"):
+                await s.push(np.zeros((3, 31), np.float32))
+            with pytest.raises(ValueError, match="must be floats"):
+                await s.push(np.zeros((3, 32), np.int64))
+            bad = steps(2, 0)
+            bad[1, 3] = np.nan
+            with pytest.raises(ValueError, match="NaN"):
+                await s.push(bad)
+            assert s.steps == 0
+            # torch tensors are accepted too (the engine's hidden states)
+            await s.push(torch.from_numpy(steps(20, 1)))
+            tail = await s.finish()
+            assert sum(len(c.samples) for c in tail) > 0 and s.closed
+            with pytest.raises(RuntimeError, match="closed"):
+                await s.push(steps(1, 2))
+        finally:
+            await vocoder.close()
+
+    asyncio.run(go())
+
+
+def test_close_drops_a_stream_without_touching_others(root: Path) -> None:
+    async def go() -> None:
+        vocoder = ChatTTSVocoder.load(root)
+        await vocoder.start(warm_up=False)
+        try:
+            a, b = vocoder.open_stream(), vocoder.open_stream()
+            await a.push(steps(10, 1))
+            a.close()
+            out = await run_stream(b, steps(25, 2), (4,))
+            assert out.shape == (25 * F,)
+        finally:
+            await vocoder.close()
+
+    asyncio.run(go())
+
+
+def test_config_rejects_unknown_route_and_dummy_needs_no_files() -> None:
+    with pytest.raises(ValueError, match="route"):
+        ChatTTSDecodeConfig(route="snac")
+    with pytest.raises(ValueError, match="folder"):
+        ChatTTSVocoder.load(None)
+    v = ChatTTSVocoder.load(None, dummy=True)  # the real shapes, random weights
+    assert v.width == 768 and v.chunking.samples_per_frame == F
