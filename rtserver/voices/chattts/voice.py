@@ -351,7 +351,8 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         slots=cfg.slots, max_len=max_len, cuda_graphs=cfg.cuda_graphs,
         prefill_tokens=cfg.prefill_tokens, max_waiting=cfg.max_waiting,
         max_queue_s=cfg.max_queue_s, retry_after_ms=cfg.retry_after_ms,
-        ignore_eos=cfg.ignore_eos),
+        ignore_eos=cfg.ignore_eos, eager_steps=cfg.eager_steps,
+        stream_interval=max(1, cfg.stream_interval)),
         eos_id=gcfg.eos_id, name="chattts")
     progress("starting the ChatTTS engine")
     await engine.start()
