@@ -103,3 +103,14 @@ async def test_two_orpheus_contexts_at_once(orpheus_server: ServerThread) -> Non
     assert ra.started.voice == "orpheus:tara" and rb.started.voice == "orpheus:leo"
     assert ra.frame_count > 0 and rb.frame_count > 0
     assert metric(orpheus_server, "rtserver_engine_requests_total") >= 2
+
+
+def test_the_dashboards_engine_metrics_are_served(orpheus_server: ServerThread) -> None:
+    """Every vLLM metric the Grafana dashboard and the alerts query is on
+    /metrics (deploy/; the rest is checked on a Piper server in tests/deploy)."""
+    from tests.deploy.test_observability import engine_metrics_queried, exposed
+
+    with urllib.request.urlopen(orpheus_server.http + "/metrics", timeout=10) as resp:
+        names = exposed(resp.read().decode())
+    wanted = engine_metrics_queried()
+    assert wanted and not wanted - names, sorted(wanted - names)
