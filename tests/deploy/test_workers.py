@@ -1,5 +1,6 @@
-"""Several server processes behind one port: ``rtserver serve --workers 2`` on
-the CPU with two Piper processes. Connections spread over both (each says
+"""Several server processes behind one port: ``rtserver serve --workers gpus``
+with two (pretend) GPUs listed in CUDA_VISIBLE_DEVICES runs two Piper
+processes on the CPU, each pinned to its own device id. Connections spread over both (each says
 which process it is in ``ready``); SIGTERM to one drains it (its open stream
 finishes) while the other keeps serving; a crashed one is restarted; SIGTERM to
 the supervisor drains both and exits 0."""
@@ -25,7 +26,7 @@ from rtserver.errors import ConfigError
 from rtserver.server.workers import WorkerIdentity, plan_workers, visible_gpus
 from tests.deploy.util import free_port, scrape
 
-WORKER = re.compile(r"worker (\d+) of (\d+), pid (\d+)")
+WORKER = re.compile(r"worker (\d+) of (\d+), pid (\d+)(?:, gpu (\S+?)\))?")
 LONG_TEXT = " ".join(["The server keeps speaking while its neighbour takes the new calls."] * 5)
 
 
@@ -76,15 +77,17 @@ def test_workers_need_a_fixed_port() -> None:
 
 # --- two processes on one port ---------------------------------------------------------
 class Supervised:
-    """``rtserver serve --workers 2`` as a subprocess; its output collected."""
+    """``rtserver serve --workers gpus`` with ``CUDA_VISIBLE_DEVICES=3,5`` as a
+    subprocess (Piper ignores the devices; each child is told its own); its
+    output collected."""
 
     def __init__(self, tmp: Path) -> None:
         self.port = free_port()
         self.metrics_base = free_port()
         env = dict(os.environ, RTSERVER_SERVER_METRICS_PORT=str(self.metrics_base),
-                   RTSERVER_SERVER_DRAIN_TIMEOUT_S="20")
+                   RTSERVER_SERVER_DRAIN_TIMEOUT_S="20", CUDA_VISIBLE_DEVICES="3,5")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtserver", "serve", "--workers", "2",
+            [sys.executable, "-m", "rtserver", "serve", "--workers", "gpus",
              "--port", str(self.port)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, text=True)
@@ -123,6 +126,8 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
     sup = Supervised(tmp_path)
     try:
         sup.wait_for(r"2 of 2 workers ready")
+        for gpu in ("3", "5"):  # the supervisor pinned one child to each
+            assert any(f"on GPU {gpu}" in line for line in sup.lines), sup.lines
         yield sup
     finally:
         if sup.proc.poll() is None:
@@ -163,21 +168,26 @@ async def test_two_processes_share_the_port_and_drain_one_by_one(
     url = supervised.url
     # connections spread: the kernel hashes each new connection to a listener
     pids: dict[int, int] = {}
+    gpus: dict[int, str] = {}
     for _ in range(64):
         client, pid = await connect_to(url)
+        m = WORKER.search(client.ready.server)
+        assert m is not None
+        gpus[pid] = m.group(4)
         await client.close()
         pids[pid] = pids.get(pid, 0) + 1
         if len(pids) == 2 and min(pids.values()) >= 2:
             break
     assert len(pids) == 2, pids
-    # each process serves its own /metrics, labelled with its worker
+    assert sorted(gpus.values()) == ["3", "5"]  # one device each, as listed
+    # each process serves its own /metrics, labelled with its worker and GPU
     infos = [scrape(f"http://127.0.0.1:{supervised.metrics_base + i}/metrics")
              for i in (0, 1)]
-    labels = [re.search(r'rtserver_worker_info\{[^}]*pid="(\d+)"[^}]*worker="(\d)"', body)
+    labels = [re.search(r'rtserver_worker_info\{gpu="([^"]*)",pid="(\d+)",worker="(\d)"', body)
               for body in infos]
     assert all(labels), infos
-    assert {int(m.group(1)) for m in labels if m} == set(pids)
-    assert [m.group(2) for m in labels if m] == ["0", "1"]
+    assert {int(m.group(2)): m.group(1) for m in labels if m} == gpus
+    assert [(m.group(3), m.group(1)) for m in labels if m] == [("0", "3"), ("1", "5")]
 
     # a long stream on one process, then SIGTERM to that process alone
     victim = next(iter(pids))
