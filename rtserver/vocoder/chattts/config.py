@@ -74,7 +74,8 @@ class ChatTTSDecodeConfig:
     max_pad_fraction: float = -1.0  # < 0: 0.25 on CPU, 4.0 on CUDA (launch-bound)
     cuda_graphs: bool = True  # CUDA only
     bf16: bool = False  # CUDA only: the convs and MLPs under bf16 autocast (ISTFT fp32)
-    graph_frame_buckets: tuple[int, ...] = (16, 32, 48, 64, 96, 128)
+    # steps buckets: first windows 16, steady windows 101 (52 + 32 + 16 + 1)
+    graph_frame_buckets: tuple[int, ...] = (16, 24, 32, 48, 64, 80, 104, 128)
     graph_max_cells: int = 8192  # batch x steps of the largest graph
     dummy_seed: int = 0  # random weights (benchmarks): seed
     dummy_layer_scale: float = 0.5  # random weights: blocks' residual scale

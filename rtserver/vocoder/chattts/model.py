@@ -8,9 +8,9 @@ packs the windows of a call into one zero-padded batch, one host->device copy,
 one forward, one device->host copy.
 
 On CUDA with ``cuda_graphs``: one graph per (batch bucket, steps bucket),
-captured in ``warm_up`` (or on first use), sharing one memory pool, replayed
-for calls that fit; other shapes run eager. All graph work is on the decode
-thread (one call at a time).
+captured in ``warm_up``, sharing one memory pool, replayed for calls that fit
+(rows past the call's windows have length 0); other shapes run eager. All
+graph work is on the decode thread (one call at a time).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ class ChatTTSWindowDecoder:
         mask = (torch.arange(2 * t, device=x.device)[None, :] < 2 * lengths[:, None])
         mask = mask.to(torch.float32).unsqueeze(1)
         inp = x.transpose(1, 2) if self.route == "decoder" else x
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self._bf16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self._bf16,
+                            cache_enabled=False):  # no weight-cast cache across graph replays
             mel = self.mel(inp, mask)
             feats = self.vocos.backbone(mel, mask)
         return self.vocos.head(feats.float(), mask)
@@ -104,25 +105,27 @@ class ChatTTSWindowDecoder:
             graph = self._graph_for(b, n) if self._use_graphs else None
             if graph is not None:
                 return self._replay(graph, windows)
-            x, lengths = self._pack(windows, b, n)
+            x, lengths = self._pack(windows, n)
             audio = self.forward(x.to(self.device, non_blocking=True),
                                  lengths.to(self.device, non_blocking=True))
             return self._unpack(audio, windows)
 
-    def _pack(self, windows: Sequence[StepWindow], b: int, n: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pack(self, windows: Sequence[StepWindow], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(len(windows), n, width) in a reused (pinned on CUDA) host buffer, each
+        row's data then zeros; and the lengths."""
         torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
+        b = len(windows)
         size = b * n * self.width
-        pin = self.device.type == "cuda"
         buf = self._pinned
         if buf is None or buf.numel() < size or buf.dtype != torch_dtype:
-            buf = torch.zeros(max(size, 1 << 16), dtype=torch_dtype, pin_memory=pin)
+            buf = torch.zeros(max(size, 1 << 16), dtype=torch_dtype,
+                              pin_memory=self.device.type == "cuda")
             self._pinned = buf
         x = buf[:size].view(b, n, self.width)
-        x.zero_()
         xa = x.numpy()
         for i, w in enumerate(windows):
             xa[i, :w.n_frames] = w.data
+            xa[i, w.n_frames:] = 0
         lengths = torch.tensor([w.n_frames for w in windows], dtype=torch.int64)
         return x, lengths
 
@@ -162,14 +165,10 @@ class ChatTTSWindowDecoder:
         return None
 
     def _graph_for(self, b: int, n: int) -> _Graph | None:
+        """The captured graph for this call's bucket; None (eager) for shapes past
+        the buckets or before ``warm_up`` captured them (no capture mid-traffic)."""
         key = self._bucket(b, n)
-        if key is None:
-            return None
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._capture(*key)
-            self._graphs[key] = graph
-        return graph
+        return None if key is None else self._graphs.get(key)
 
     def _capture(self, b: int, n: int) -> _Graph:
         torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
@@ -185,16 +184,18 @@ class ChatTTSWindowDecoder:
                 self.forward(x, lengths)
         torch.cuda.current_stream(self.device).wait_stream(side)
         g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=self._pool):
+        # thread_local: the LM engine's thread may launch work while this captures
+        with torch.cuda.graph(g.graph, pool=self._pool, capture_error_mode="thread_local"):
             g.out = self.forward(x, lengths)
         return g
 
     def _replay(self, g: _Graph, windows: Sequence[StepWindow]) -> list[FloatArray]:
-        b, n = g.x.shape[0], g.x.shape[1]
-        x, lengths = self._pack(windows, b, n)  # rows past len(windows): zeros, length 0
-        lengths = torch.cat([lengths, torch.zeros(b - len(windows), dtype=torch.int64)])
-        g.x.copy_(x, non_blocking=True)
-        g.lengths.copy_(lengths, non_blocking=True)
+        b, n = len(windows), max(w.n_frames for w in windows)
+        x, lengths = self._pack(windows, n)
+        g.x.zero_()  # rows and steps past the windows: zeros, length 0
+        g.x[:b, :n].copy_(x, non_blocking=True)
+        g.lengths.zero_()
+        g.lengths[:b].copy_(lengths)
         g.graph.replay()
         assert g.out is not None
         return self._unpack(g.out, windows)
