@@ -182,7 +182,8 @@ class Supervisor:
                  drain_timeout_s: float, url: str,
                  env: Mapping[str, str] | None = None,
                  say: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_deaths: int = MAX_DEATHS, backoff_base_s: float = 1.0) -> None:
         self.child_argv = list(child_argv)
         self.plan = plan
         self.drain_timeout_s = drain_timeout_s
@@ -190,6 +191,8 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         self.say = say or (lambda m: print(f"rtserver: {m}", flush=True))
         self.clock = clock
+        self.max_deaths = max_deaths
+        self.backoff_base_s = backoff_base_s
         self.slots = [_Slot(i, gpu) for i, gpu in enumerate(plan.gpus)]
         self._stop_signal: int | None = None
         self._sel = selectors.DefaultSelector()
@@ -260,13 +263,13 @@ class Supervisor:
                 self.say(f"worker {slot.index} exited with a configuration error; stopping")
                 return CONFIG_ERROR_EXIT
             slot.deaths = [t for t in slot.deaths if now - t < DEATH_WINDOW_S] + [now]
-            if len(slot.deaths) > MAX_DEATHS:
+            if len(slot.deaths) > self.max_deaths:
                 self.say(f"worker {slot.index} died {len(slot.deaths)} times in "
                          f"{DEATH_WINDOW_S:.0f} s; stopping")
                 return 1
-            delay = min(BACKOFF_MAX_S, 2.0 ** (len(slot.deaths) - 1))
+            delay = min(BACKOFF_MAX_S, self.backoff_base_s * 2.0 ** (len(slot.deaths) - 1))
             slot.restart_at = now + delay
-            self.say(f"worker {slot.index} died ({code}); restarting in {delay:.0f} s")
+            self.say(f"worker {slot.index} died ({code}); restarting in {delay:.3g} s")
         for slot in self.slots:
             if slot.restart_at is not None and now >= slot.restart_at \
                     and self._stop_signal is None:

@@ -16,14 +16,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.errors import ConfigError
-from rtserver.server.workers import WorkerIdentity, plan_workers, visible_gpus
+from rtserver.server.workers import (
+    Supervisor,
+    WorkerIdentity,
+    WorkerPlan,
+    plan_workers,
+    visible_gpus,
+)
 from tests.deploy.util import free_port, scrape
 
 WORKER = re.compile(r"worker (\d+) of (\d+), pid (\d+)(?:, gpu (\S+?)\))?")
@@ -73,6 +79,58 @@ def test_workers_need_a_fixed_port() -> None:
                            "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "fixed port" in proc.stderr
+
+
+# --- the supervisor's policy, with stand-in children -----------------------------------
+def supervise(code: str, count: int = 1, *, max_deaths: int = 5, backoff_base_s: float = 1.0,
+              on_say: Callable[[str], None] = lambda line: None) -> tuple[int, list[str]]:
+    """Run a Supervisor over ``python -c code`` children; (status, its lines)."""
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        on_say(line)
+
+    sup = Supervisor([sys.executable, "-c", code], WorkerPlan(("",) * count),
+                     drain_timeout_s=5, url="ws://test", say=say, max_deaths=max_deaths,
+                     backoff_base_s=backoff_base_s)
+    return sup.run(), said
+
+
+def test_a_configuration_error_stops_everything_with_status_2() -> None:
+    status, said = supervise("import sys; sys.exit(2)", count=2)
+    assert status == 2
+    assert any("configuration error" in line for line in said)
+
+
+def test_a_child_that_keeps_dying_is_restarted_then_gives_up() -> None:
+    status, said = supervise("import sys; sys.exit(1)", max_deaths=2, backoff_base_s=0.01)
+    assert status == 1
+    assert sum("restarting in" in line for line in said) == 2, said
+    assert any("died 3 times" in line for line in said), said
+
+
+def test_children_that_exit_0_are_not_restarted() -> None:
+    status, said = supervise("pass", count=2)
+    assert status == 0
+    assert sum("started" in line for line in said) == 2  # no restart
+
+
+def test_sigterm_reaches_each_child_once_and_status_is_0() -> None:
+    # the child reports ready like a server, then waits for SIGTERM and exits 0
+    child = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+             "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+             "time.sleep(60)\n")
+
+    def stop_when_ready(line: str) -> None:
+        if "workers ready" in line:  # as a process manager would: SIGTERM to the supervisor
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    status, said = supervise(child, count=2, on_say=stop_when_ready)
+    assert status == 0
+    assert "2 of 2 workers ready on ws://test" in said
+    assert sum("exited (0)" in line for line in said) == 2, said
 
 
 # --- two processes on one port ---------------------------------------------------------
