@@ -60,8 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   if getattr(args, name) is not None for a in (flag, str(getattr(args, name)))]
         return Supervisor(child_command(passed), plan, drain_timeout_s=s.drain_timeout_s,
                           url=f"ws://{s.host}:{s.port}/v1/stream").run()
-    _run(serve_forever(config))
-    return 0
+    return int(_run(serve_forever(config)))  # non-zero after an engine died
 
 
 def cmd_say(args: argparse.Namespace) -> int:

@@ -18,10 +18,12 @@ from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
+from rtserver.server.limits import raise_fd_limit
 from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
 from rtserver.server.process_metrics import attach as attach_process_metrics
 from rtserver.server.state import AppState
+from rtserver.server.token_api import TokenApi
 from rtserver.server.workers import current as current_worker
 from rtserver.server.workers import notify_ready
 from rtserver.voices.registry import VoiceSet, load_voices
@@ -50,6 +52,10 @@ class RtServer:
     async def start(self, *, progress: Callable[[str], None] | None = None) -> None:
         """Load and warm the voices, then listen; ``/ready`` turns 200 at the end."""
         say = progress or (lambda msg: log.info("%s", msg))
+        s = self.config.server
+        before, now = raise_fd_limit(s.max_connections + s.fd_margin)
+        if now != before:
+            say(f"open files: soft limit raised from {before} to {now}")
         self.voice_set = await load_voices(self.config.voice, self.config.families, progress=say)
         threads = self.config.server.encode_threads or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(threads, thread_name_prefix="opus")
@@ -59,8 +65,7 @@ class RtServer:
             self.app.metrics.registry.register(collector)
         app = self.app
         self._process_metrics = attach_process_metrics(
-            app.metrics.registry, self.config, ready=lambda: app.ready and not app.draining)
-        s = self.config.server
+            app.metrics.registry, self.config, ready=lambda: app.is_ready()[0])
         if s.reuse_port:
             # Processes sharing the port: the kernel hands connections to any
             # listener, so this one listens only once its voices are warm.
@@ -82,7 +87,8 @@ class RtServer:
         s = self.config.server
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
-        asgi = RtAsgi(self.app, self._handle, SpeechApi(self.app, cache).handlers())
+        asgi = RtAsgi(self.app, self._handle, {**SpeechApi(self.app, cache).handlers(),
+                                               **TokenApi(self.app).handlers()})
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
@@ -97,13 +103,11 @@ class RtServer:
 
     async def _handle(self, ws: AsgiWebSocket) -> None:
         assert self.app is not None
-        conn = Connection(ws, self.app)
+        conn = Connection(ws, self.app)  # its slot was counted at the handshake
         self._connections.add(conn)
-        self.app.connections += 1
         try:
             await conn.run()
         finally:
-            self.app.connections -= 1
             self._connections.discard(conn)
 
     async def drain(self) -> None:
@@ -111,8 +115,9 @@ class RtServer:
         listener stays up, so probes see why), open contexts finish, then every
         connection closes with 1001."""
         if self.app is None or self._server is None:
+            await self._release()
             return
-        self.app.draining = True
+        self.app.begin_drain()
         if self.config.server.reuse_port:
             # Stop accepting: the kernel routes new connections to the other
             # processes on the port (connections already accepted stay open).
@@ -141,9 +146,10 @@ class RtServer:
         finish the HTTP connections (cancelling what is left after 5 s)."""
         assert self._server is not None
         self._stop_listening()
-        for conn in list(self._connections):
-            with contextlib.suppress(Exception):
-                await conn.ws.close(CloseCode.GOING_AWAY, "server going away")
+        # all at once: a client that does not read holds its close back for up
+        # to the transport's close timeout, not everyone else's
+        await asyncio.gather(*(conn.ws.close(CloseCode.GOING_AWAY, "server going away")
+                               for conn in list(self._connections)), return_exceptions=True)
         await self._server.shutdown()
         if self._sock is not None:
             self._sock.close()
@@ -180,8 +186,11 @@ def bind_socket(s: ServerConfig) -> socket.socket:
 
 
 async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaitable[None]]
-                        | None = None) -> None:
-    """Run until SIGINT/SIGTERM, then drain."""
+                        | None = None) -> int:
+    """Run until SIGINT/SIGTERM (at any time, start-up included), then drain;
+    the exit status: 0, or ``ENGINE_DEAD_EXIT`` when a voice's engine died
+    (drained first, so that contexts of other voices finish; the orchestrator
+    restarts the process: rtserver does not restart engines in process)."""
     server = RtServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -190,10 +199,34 @@ async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaita
             loop.add_signal_handler(sig, stop.set)
     ident = current_worker()
     name = f"rtserver[{ident.index}]" if ident is not None else "rtserver"
-    await server.start(progress=lambda m: print(f"{name}: {m}", flush=True))
+    starting = asyncio.create_task(
+        server.start(progress=lambda m: print(f"{name}: {m}", flush=True)))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # SIGTERM while loading or warming up
+        print(f"{name}: stopping during start-up", flush=True)
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await server.close()
+        return 0
+    stopping.cancel()
+    starting.result()  # a failed start raises here
+    assert server.app is not None
     notify_ready()
     if on_ready is not None:
         await on_ready(server)
-    await stop.wait()
-    print(f"{name}: draining", flush=True)
+    dead = asyncio.create_task(server.app.engine_dead.wait())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([dead, stopping], return_when=asyncio.FIRST_COMPLETED)
+    code = ENGINE_DEAD_EXIT if dead.done() else 0
+    dead.cancel()
+    stopping.cancel()
+    print(f"{name}: draining" + (" (an engine died)" if code else ""), flush=True)
     await server.drain()
+    return code
+
+
+# Exit status after an engine died (EX_SOFTWARE of sysexits.h): not 0, so a
+# supervisor or orchestrator restarts the process.
+ENGINE_DEAD_EXIT = 70

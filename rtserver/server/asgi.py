@@ -5,8 +5,8 @@ package's protocol): its ``send`` waits while the socket's write buffer is
 above the high-water mark, so a connection's writer blocks when its client
 does not read (the backpressure ``Outbox`` and ``overload_after_s`` rely on).
 
-- ``websocket`` scopes: ``websocket_refusal`` may answer with HTTP (401, 503,
-  404) before any WebSocket exists; else the handshake is accepted and
+- ``websocket`` scopes: ``admit_websocket`` may answer with HTTP (401, 403,
+  429, 503, 404) before any WebSocket exists; else the handshake is accepted and
   ``on_websocket`` gets an ``AsgiWebSocket`` (``recv``/``send``/``close``).
 - ``http`` scopes: a streaming handler registered for (method, path), else
   ``HttpRoutes`` (the GET endpoints and the demo's files).
@@ -22,9 +22,17 @@ from typing import Any
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 from websockets.frames import Close
 
-from rtserver.server.http import HttpRequest, HttpResponse, HttpRoutes, websocket_refusal
+from rtserver.server.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpRoutes,
+    admit_websocket,
+    release_websocket,
+)
 from rtserver.server.state import AppState
 
+# A close frame stuck behind unread data this long: the TCP connection is dropped.
+CLOSE_TIMEOUT_S = 5.0
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -63,11 +71,25 @@ class AsgiWebSocket:
             raise _closed(self.close_code) from None
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Send the close frame; a client that does not read (the frame waits
+        behind unread data) is cut off after ``CLOSE_TIMEOUT_S`` (``abort``)."""
         if self.close_code is not None:
             return
         self.close_code = code
-        with contextlib.suppress(OSError, RuntimeError):
-            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                with contextlib.suppress(OSError, RuntimeError):
+                    await self._send({"type": "websocket.close", "code": code,
+                                      "reason": reason})
+        except TimeoutError:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the TCP connection now, unsent data included (uvicorn's
+        protocol object is the owner of ``send``; other servers: no-op)."""
+        transport = getattr(getattr(self._send, "__self__", None), "transport", None)
+        if transport is not None:
+            transport.abort()
 
 
 def _closed(code: int) -> ConnectionClosedOK | ConnectionClosedError:
@@ -194,15 +216,18 @@ class RtAsgi:
         if (await receive())["type"] != "websocket.connect":
             return
         request = request_of(scope)
-        refusal = websocket_refusal(self.app, request)
+        refusal = admit_websocket(self.app, request)
         if refusal is not None:
             await send({"type": "websocket.http.response.start", "status": refusal.status,
                         "headers": _encode_headers(refusal.all_headers())})
             await send({"type": "websocket.http.response.body", "body": refusal.body})
             return
-        await send({"type": "websocket.accept"})
-        ws = AsgiWebSocket(receive, send, request)
-        try:
-            await self.on_websocket(ws)
+        try:  # admitted: one connection slot is held until this ends
+            await send({"type": "websocket.accept"})
+            ws = AsgiWebSocket(receive, send, request)
+            try:
+                await self.on_websocket(ws)
+            finally:
+                await ws.close(1000, "")  # no-op when it was closed already
         finally:
-            await ws.close(1000, "")  # no-op when it was closed already
+            release_websocket(self.app)

@@ -18,6 +18,7 @@ through ``reject_reason``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 
 from rtserver.config import AdmissionConfig, ServerConfig
@@ -87,6 +88,8 @@ class Gate:
                                            config.breaker_cooldown_s,
                                            config.breaker_max_cooldown_s) for v in voices}
         self.draining = False
+        # HMAC key of browser tokens: configured, or made for this process
+        self.secret = config.token_secret.encode() or secrets.token_bytes(32)
 
     def connection(self, key: str, now: float) -> None:
         self.rates.connection(key, now)

@@ -1,9 +1,10 @@
 """HTTP endpoints on the WebSocket port, independent of the server library.
 
 ``/health``, ``/ready``, ``/metrics``, ``/v1/voices`` and static files of the
-demo at ``/``; ``/v1/stream`` without an upgrade is 426. ``websocket_refusal``
-is the handshake's check (API key, draining, connection limit): the one place
-to add admission rules that answer before a WebSocket exists.
+demo at ``/``; ``/v1/stream`` without an upgrade is 426. ``admit_websocket``
+is the handshake's check (Origin, API key or token, draining, connection
+limit, connection rate; rtserver.server.guards and gate): the one place to add
+admission rules that answer before a WebSocket exists.
 
 Requests and responses are plain values (``HttpRequest``, ``HttpResponse``);
 ``rtserver.server.asgi`` carries them over the wire.
@@ -11,16 +12,27 @@ Requests and responses are plain values (``HttpRequest``, ``HttpResponse``);
 
 from __future__ import annotations
 
-import hmac
 import json
+import math
 import mimetypes
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, unquote
 
+from rtserver.errors import RateLimited
+from rtserver.server.guards import (
+    Forbidden,
+    Identity,
+    Unauthorized,
+    authenticate,
+    bearer,
+    check_origin,
+)
 from rtserver.server.state import AppState
+from rtserver.server.tokens import SCOPE_STREAM
 
 STREAM_PATH = "/v1/stream"
 PACKAGED_WEB_ROOT = Path(__file__).resolve().parents[2] / "web_demo"
@@ -65,32 +77,72 @@ def text_response(status: HTTPStatus | int, text: str) -> HttpResponse:
 
 
 def supplied_key(request: HttpRequest) -> str:
-    """The API key a request carries: ``Authorization: Bearer`` or ``?token=``."""
-    auth = request.header("authorization")
-    if auth.startswith("Bearer "):
-        return auth[len("Bearer "):].strip()
-    return request.query_param("token")
+    """The credential a request carries: ``Authorization: Bearer`` or ``?token=``
+    (an API key, or a token from ``POST /v1/tokens``)."""
+    return bearer(request.header("authorization")) or request.query_param("token")
 
 
-def authorized(app: AppState, request: HttpRequest) -> bool:
-    keys = app.config.server.api_keys
-    if not keys:
-        return True
-    supplied = supplied_key(request)
-    return any(hmac.compare_digest(supplied.encode(), k.encode()) for k in keys)
+def identify(app: AppState, request: HttpRequest, scope: str = SCOPE_STREAM) -> Identity:
+    """Who the request is (an API key's id, or its address without keys);
+    ``Unauthorized`` when keys are set and it carries no valid key or token."""
+    return authenticate(supplied_key(request), app.config.server.api_keys, app.gate.secret,
+                        time.time(), request.client.rpartition(":")[0], scope)
 
 
-def websocket_refusal(app: AppState, request: HttpRequest) -> HttpResponse | None:
-    """Why a WebSocket handshake is refused (an HTTP answer), or None to accept."""
+def authorized(app: AppState, request: HttpRequest, scope: str = SCOPE_STREAM) -> bool:
+    try:
+        identify(app, request, scope)
+    except Unauthorized:
+        return False
+    return True
+
+
+def rate_limited_response(err: RateLimited) -> HttpResponse:
+    """429 with ``Retry-After`` (seconds) and the protocol's code and
+    ``retry_after_ms`` in the JSON body."""
+    retry_ms = err.retry_after_ms or 1000
+    return json_response(HTTPStatus.TOO_MANY_REQUESTS,
+                         {"code": err.code.value, "message": err.message,
+                          "retry_after_ms": retry_ms},
+                         (("retry-after", str(math.ceil(retry_ms / 1000))),))
+
+
+def admit_websocket(app: AppState, request: HttpRequest) -> HttpResponse | None:
+    """Why a WebSocket handshake is refused (an HTTP answer), or None: admitted,
+    and one of ``max_connections`` is now held (counted here, before any await,
+    so concurrent handshakes cannot overshoot); the transport gives it back
+    with ``release_websocket`` when the connection ends, however it ends."""
+    rejected = app.metrics.rejected
     if request.path != STREAM_PATH:
         return text_response(HTTPStatus.NOT_FOUND, "not found")
-    if not authorized(app, request):
-        return text_response(HTTPStatus.UNAUTHORIZED, "missing or wrong API key")
+    try:
+        check_origin(request.headers.get("origin"), app.config.server.origins)
+    except Forbidden as exc:
+        rejected.labels("origin").inc()
+        return text_response(HTTPStatus.FORBIDDEN, str(exc))
+    try:
+        who = identify(app, request)
+    except Unauthorized as exc:
+        rejected.labels("unauthorized").inc()
+        return text_response(HTTPStatus.UNAUTHORIZED, str(exc))
     if app.draining:
+        rejected.labels("draining").inc()
         return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "server is draining")
     if app.connections >= app.config.server.max_connections:
+        rejected.labels("max_connections").inc()
         return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections")
+    try:
+        app.gate.connection(who.key, time.monotonic())
+    except RateLimited as err:
+        rejected.labels("rate_limited").inc()
+        return rate_limited_response(err)
+    app.connections += 1
     return None
+
+
+def release_websocket(app: AppState) -> None:
+    """The connection ``admit_websocket`` admitted has ended."""
+    app.connections -= 1
 
 
 class HttpRoutes:
@@ -111,11 +163,13 @@ class HttpRoutes:
         if path == "/health":
             return text_response(HTTPStatus.OK, "ok")
         if path == "/ready":
-            if self.app.ready and not self.app.draining:
-                return text_response(HTTPStatus.OK, "ready")
-            return text_response(HTTPStatus.SERVICE_UNAVAILABLE,
-                                 "draining" if self.app.draining else "warming up")
+            ready, why = self.app.is_ready()
+            return text_response(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE,
+                                 why)
         if path == "/metrics":
+            if self.app.config.admission.metrics_need_key and self.app.config.server.api_keys \
+                    and not authorized(self.app, request, scope="metrics"):
+                return text_response(HTTPStatus.UNAUTHORIZED, "missing or wrong API key")
             return HttpResponse(HTTPStatus.OK, self.app.metrics.render(),
                                 "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/voices":

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -11,9 +15,13 @@ from rtserver.metrics import Metrics
 from rtserver.pacing.rates import LiveRates, RtfTracker
 from rtserver.pipeline import ServerLoad, VoiceStats
 from rtserver.protocol.messages import Limits, Ready
+from rtserver.server.gate import Gate
+from rtserver.server.guarded import GuardedVoice
 from rtserver.server.workers import current as current_worker
 from rtserver.voices.base import Voice
 from rtserver.voices.registry import families
+
+log = logging.getLogger("rtserver.server")
 
 
 @dataclass
@@ -30,9 +38,19 @@ class AppState:
     encode_pool: Executor | None = None
     ready: bool = False
     draining: bool = False
-    connections: int = 0
+    connections: int = 0  # WebSockets admitted at the handshake and not yet ended
+    # admission, breakers, tokens (rtserver.server.gate); voices report to it
+    gate: Gate = field(init=False)
+    # set when a voice's engine died: the server drains and exits non-zero
+    engine_dead: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
+        self.gate = Gate(self.config.admission, self.voices)
+        self.voices = {name: GuardedVoice(voice, self.gate, time.monotonic,
+                                          on_dead=self._engine_died)
+                       for name, voice in self.voices.items()}
+        for name in self.voices:
+            self.metrics.engine_up.labels(name).set_function(self._engine_up_of(name))
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.load.active)
         hints = self.config.hints
@@ -45,6 +63,25 @@ class AppState:
             _, _, short = name.partition(":")
             if short and short not in self.voices:
                 self.voice_aliases.setdefault(short, name)
+
+    def _engine_up_of(self, voice: str) -> Callable[[], float]:
+        return lambda: float(self.gate.engine_up(voice, time.monotonic()))
+
+    def begin_drain(self) -> None:
+        """``/ready`` 503, new WebSockets 503, new contexts ``overloaded``."""
+        self.draining = True
+        self.gate.draining = True
+
+    def is_ready(self) -> tuple[bool, str]:
+        """What ``/ready`` answers: warm, not draining, every voice up."""
+        if not self.ready:
+            return False, "warming up"
+        return self.gate.ready(time.monotonic())
+
+    def _engine_died(self, voice: str, exc: BaseException) -> None:
+        log.critical("the engine of voice %s died (%s): draining, then exiting non-zero "
+                     "so that the orchestrator restarts this process", voice, exc)
+        self.engine_dead.set()
 
     def ready_message(self) -> Ready:
         s = self.config.server

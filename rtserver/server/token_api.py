@@ -1,0 +1,81 @@
+"""``POST /v1/tokens``: a backend that holds an API key mints a short-lived
+signed token for a browser (rtserver.server.tokens), which opens the stream
+with ``?token=...``; the key never reaches the page.
+
+Request: ``Authorization: Bearer <API key>`` (a token cannot mint tokens) and
+an optional JSON body ``{"ttl_s": 300, "scope": ["stream"]}``. Answer:
+``{"token", "expires_at" (Unix seconds), "expires_in_s", "scope"}``. Without
+configured API keys there is nothing to protect and the endpoint answers 404.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from http import HTTPStatus
+from typing import Any
+
+from rtserver.server.asgi import BodyTooLarge, Receive, Send, read_body, send_response
+from rtserver.server.guards import bearer
+from rtserver.server.http import HttpRequest, json_response
+from rtserver.server.state import AppState
+from rtserver.server.tokens import SCOPE_STREAM, SCOPES, key_id, match_key, mint
+
+TOKENS_PATH = "/v1/tokens"
+MAX_BODY_BYTES = 4096
+
+
+def _error(status: HTTPStatus, message: str) -> Any:
+    return json_response(status, {"code": "bad_message" if status == HTTPStatus.BAD_REQUEST
+                                  else status.phrase.lower().replace(" ", "_"),
+                                  "message": message})
+
+
+class TokenApi:
+    def __init__(self, app: AppState) -> None:
+        self.app = app
+
+    def handlers(self) -> dict[tuple[str, str], Any]:
+        return {("POST", TOKENS_PATH): self.mint}
+
+    async def mint(self, request: HttpRequest, receive: Receive, send: Send) -> None:
+        await send_response(send, await self._answer(request, receive))
+
+    async def _answer(self, request: HttpRequest, receive: Receive) -> Any:
+        keys = self.app.config.server.api_keys
+        adm = self.app.config.admission
+        if not keys:
+            return _error(HTTPStatus.NOT_FOUND, "no API keys are configured: no tokens needed")
+        key = match_key(bearer(request.header("authorization")), keys)
+        if key is None:
+            self.app.metrics.rejected.labels("unauthorized").inc()
+            return _error(HTTPStatus.UNAUTHORIZED, "an API key is needed to mint tokens")
+        try:
+            raw = await read_body(receive, MAX_BODY_BYTES)
+        except BodyTooLarge:
+            return _error(HTTPStatus.BAD_REQUEST, f"body over {MAX_BODY_BYTES} bytes")
+        except ConnectionError:
+            return _error(HTTPStatus.BAD_REQUEST, "client went away")
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (ValueError, RecursionError):
+            return _error(HTTPStatus.BAD_REQUEST, "the body is not JSON")
+        if not isinstance(body, dict):
+            return _error(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        ttl = body.get("ttl_s", adm.token_ttl_s)
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) \
+                or not 1 <= ttl <= adm.token_max_ttl_s:
+            return _error(HTTPStatus.BAD_REQUEST,
+                          f"ttl_s must be a number from 1 to {adm.token_max_ttl_s:g}")
+        scope = body.get("scope", [SCOPE_STREAM])
+        if not (isinstance(scope, list) and scope
+                and all(isinstance(s, str) and s in SCOPES for s in scope)):
+            return _error(HTTPStatus.BAD_REQUEST, f"scope must be a list of {', '.join(SCOPES)}")
+        now = time.time()
+        token, claims = mint(self.app.gate.secret, key_id(key), scope, float(ttl), now)
+        return json_response(HTTPStatus.OK, {
+            "token": token, "expires_at": claims.expires_at,
+            "expires_in_s": ttl, "scope": list(claims.scopes)})
+
+
+__all__ = ["TOKENS_PATH", "TokenApi"]

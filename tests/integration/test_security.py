@@ -1,0 +1,90 @@
+"""Origin allow-list, browser tokens and keys at the handshake, /metrics key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from rtserver.client import HandshakeRejected, RtClient
+from rtserver.testing.server_thread import ServerThread
+
+from .util import http
+
+
+async def test_origins_not_on_the_list_get_403_null_included() -> None:
+    srv = ServerThread.with_settings(server={"origins": "https://app.example"}).start()
+    try:
+        for origin in ("https://evil.example", "null", "http://app.example"):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(srv.url, compression=None, origin=origin):  # type: ignore[arg-type]
+                    pass
+            assert info.value.response.status_code == 403
+        async with connect(srv.url, compression=None,
+                           origin="https://app.example") as ws:  # type: ignore[arg-type]
+            assert json.loads(await ws.recv())["type"] == "ready"
+        async with RtClient.connect(srv.url):  # no Origin: not a browser
+            pass
+        _, _, body = http(srv.http + "/metrics")
+        assert b'rtserver_rejected_total{reason="origin"} 3.0' in body
+    finally:
+        srv.stop()
+
+
+async def test_tokens_are_minted_with_a_key_and_open_the_stream() -> None:
+    srv = ServerThread.with_settings(
+        server={"api_keys": "secret-key"},
+        admission={"metrics_need_key": True, "token_ttl_s": 60}).start()
+    try:
+        status, _, _ = http(srv.http + "/v1/tokens", "POST")
+        assert status == 401
+        status, _, _ = http(srv.http + "/v1/tokens", "POST",
+                            {"Authorization": "Bearer wrong-key"})
+        assert status == 401
+        status, _, body = http(srv.http + "/v1/tokens", "POST",
+                               {"Authorization": "Bearer secret-key",
+                                "Content-Type": "application/json"},
+                               json.dumps({"ttl_s": 30}).encode())
+        assert status == 200
+        minted = json.loads(body)
+        token = minted["token"]
+        assert minted["expires_in_s"] == 30 and "secret-key" not in token
+        # a browser opens the stream with ?token=
+        async with connect(f"{srv.url}?token={token}", compression=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "ready"
+        for bad in (token[:-3] + "abc", "secret-ke", ""):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(f"{srv.url}?token={bad}", compression=None):
+                    pass
+            assert info.value.response.status_code == 401
+        with pytest.raises(HandshakeRejected):
+            async with RtClient.connect(srv.url, token="nope"):
+                pass
+        async with RtClient.connect(srv.url, token="secret-key"):
+            pass
+        assert http(srv.http + "/metrics")[0] == 401
+        assert http(srv.http + "/metrics", headers={"Authorization": "Bearer secret-key"})[0] \
+            == 200
+        assert http(srv.http + "/health")[0] == 200  # probes need no key
+    finally:
+        srv.stop()
+
+
+async def test_connections_are_rate_limited_at_the_handshake() -> None:
+    srv = ServerThread.with_settings(admission={"connections_per_minute": 2}).start()
+    try:
+        for _ in range(2):
+            async with connect(srv.url, compression=None) as ws:
+                assert json.loads(await ws.recv())["type"] == "ready"
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(srv.url, compression=None):
+                pass
+        response = info.value.response
+        assert response.status_code == 429
+        assert 0 < int(response.headers["Retry-After"]) <= 30
+        body = json.loads(response.body)
+        assert body["code"] == "rate_limited" and 0 < body["retry_after_ms"] <= 30_000
+    finally:
+        srv.stop()
