@@ -161,6 +161,19 @@ class Session:
             while len(self._finished) > RECENTLY_FINISHED:
                 self._finished.popitem(last=False)
 
+    def forget(self, context: str) -> None:
+        """The shell refused to open ``context`` after the session accepted its
+        ``start`` (admission, rate limits): it was never open, and its name is
+        free again (a later ``end`` or ``cancel`` for it is ``unknown_context``)."""
+        self._contexts.pop(context, None)
+
+    def refund(self, context: str, chars: int) -> None:
+        """The shell refused a ``text`` the session accepted (a rate limit):
+        its characters do not count against ``max_text_chars``."""
+        entry = self._contexts.get(context)
+        if entry is not None:
+            entry.chars = max(0, entry.chars - chars)
+
     # --- queries ---------------------------------------------------------------
 
     @property

@@ -169,3 +169,17 @@ def test_errors_leave_other_contexts_working() -> None:
         s.receive_text(bad)
     assert send(s, type="text", context="a", text="still here") == [FeedText("a", "still here")]
     assert s.open_contexts == ["a"]
+
+
+def test_forget_frees_a_refused_start_and_refund_gives_chars_back() -> None:
+    s = make(max_text_chars=10)
+    [action] = send(s, type="start", context="a")
+    assert isinstance(action, OpenContext)
+    s.forget("a")  # the shell refused it (say, rate limited)
+    assert s.open_contexts == []
+    assert error_code(send(s, type="end", context="a")) == "unknown_context"
+    assert error_code(send(s, type="cancel", context="a")) == "unknown_context"
+    send(s, type="start", context="b")
+    assert send(s, type="text", context="b", text="1234567890") == [FeedText("b", "1234567890")]
+    s.refund("b", 10)  # the shell refused that text
+    assert send(s, type="text", context="b", text="abcdefghij") == [FeedText("b", "abcdefghij")]
