@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from rtserver.errors import EngineFailed
 from rtserver.testing.tiny_chattts_decoder import write_tiny_decoder_assets
 from rtserver.vocoder.chattts.config import ChatTTSDecodeConfig
 from rtserver.vocoder.chattts.model import StepWindow
@@ -154,3 +155,26 @@ def test_config_rejects_unknown_route_and_dummy_needs_no_files() -> None:
         ChatTTSVocoder.load(None)
     v = ChatTTSVocoder.load(None, dummy=True)  # the real shapes, random weights
     assert v.width == 768 and v.chunking.samples_per_frame == F
+
+
+def test_non_finite_decoder_output_fails_that_stream_only(root: Path) -> None:
+    async def go() -> None:
+        vocoder = ChatTTSVocoder.load(root)
+        await vocoder.start(warm_up=False)
+        try:
+            healthy, broken = vocoder.open_stream(), vocoder.open_stream()
+            await healthy.push(steps(10, 1))
+            with torch.no_grad():  # a weight gone bad: this decode returns NaN
+                saved = vocoder.decoder.vocos.head.out.bias.clone()
+                vocoder.decoder.vocos.head.out.bias.fill_(float("nan"))
+            with pytest.raises(EngineFailed, match="NaN"):
+                await broken.push(steps(40, 2))
+            assert broken.closed and not healthy.closed
+            with torch.no_grad():
+                vocoder.decoder.vocos.head.out.bias.copy_(saved)
+            out = await run_stream(healthy, steps(30, 3), (5,))
+            assert np.all(np.isfinite(out)) and len(out) == 40 * F  # its 10 + 30 steps
+        finally:
+            await vocoder.close()
+
+    asyncio.run(go())

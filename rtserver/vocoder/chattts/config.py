@@ -77,6 +77,11 @@ class ChatTTSDecodeConfig:
     # steps buckets: first windows 16, steady windows 101 (52 + 32 + 16 + 1)
     graph_frame_buckets: tuple[int, ...] = (16, 24, 32, 48, 64, 80, 104, 128)
     graph_max_cells: int = 8192  # batch x steps of the largest graph
+    # CUDA graphs only: first chunks decode on a second set of graphs, stream and
+    # thread (the first lane), beside a long call in flight, up to this shape.
+    first_lane: bool = True
+    first_lane_batch: int = 8
+    first_lane_steps: int = 32
     dummy_seed: int = 0  # random weights (benchmarks): seed
     dummy_layer_scale: float = 0.5  # random weights: blocks' residual scale
 

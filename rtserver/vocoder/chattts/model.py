@@ -15,6 +15,7 @@ graph work is on the decode thread (one call at a time).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +55,13 @@ class _Graph:
 
 
 class ChatTTSWindowDecoder:
-    """Mel decoder + Vocos on one device. Not thread-safe: one decode thread."""
+    """Mel decoder + Vocos on one device. Not thread-safe: one decode thread.
+
+    A *lane* (``first_lane()``, CUDA graphs only) is a second decoder on the
+    same modules with its own small graphs, memory pool, pinned buffers and
+    high-priority CUDA stream, for a second thread: first chunks decode there
+    beside a long call in flight instead of waiting for it.
+    """
 
     sample_rate = SAMPLE_RATE
     samples_per_frame = STEP_SAMPLES
@@ -62,8 +69,11 @@ class ChatTTSWindowDecoder:
     def __init__(self, mel: MelDecoder, vocos: Vocos, dims: ChatTTSAudioDims, route: Route, *,
                  device: str = "cpu", cuda_graphs: bool = False, bf16: bool = False,
                  graph_max_batch: int = 64, graph_frame_buckets: Sequence[int] = (),
-                 graph_max_cells: int = 16384) -> None:
+                 graph_max_cells: int = 16384, stream: Any = None, lane: bool = False
+                 ) -> None:
         self.device = torch.device(device)
+        self._stream = stream  # CUDA stream for all this decoder's work (None: current)
+        self._lane = lane  # graphs only: shapes without one are refused (see ``fits``)
         self.route: Route = route
         self.dims = dims
         self.mel = mel.to(self.device).eval()
@@ -101,10 +111,14 @@ class ChatTTSWindowDecoder:
         b, n = len(windows), max(w.n_frames for w in windows)
         if n == 0:
             return [np.zeros(0, dtype=np.float32) for _ in windows]
-        with torch.inference_mode():
+        with torch.inference_mode(), contextlib.ExitStack() as ctx:
+            if self._stream is not None:
+                ctx.enter_context(torch.cuda.stream(self._stream))
             graph = self._graph_for(b, n) if self._use_graphs else None
             if graph is not None:
                 return self._replay(graph, windows)
+            if self._lane:
+                raise ValueError(f"no first-lane graph for {b} windows of {n} steps")
             x, lengths = self._pack(windows, n)
             audio = self.forward(x.to(self.device, non_blocking=True),
                                  lengths.to(self.device, non_blocking=True))
@@ -200,9 +214,30 @@ class ChatTTSWindowDecoder:
         assert g.out is not None
         return self._unpack(g.out, windows)
 
+    def fits(self, windows: int, frames: int) -> bool:
+        """A captured graph takes ``windows`` windows of up to ``frames`` steps."""
+        key = self._bucket(windows, frames)
+        return key is not None and key in self._graphs
+
+    def first_lane(self, max_batch: int = 8, max_steps: int = 32) -> ChatTTSWindowDecoder | None:
+        """A lane decoder (see the class docstring) with graphs for up to
+        ``max_batch`` windows of up to ``max_steps`` steps, captured now; None
+        on the CPU or without graphs."""
+        if not self._use_graphs:
+            return None
+        buckets = [n for n in self._frame_buckets if n <= max_steps] or [max_steps]
+        lane = ChatTTSWindowDecoder(
+            self.mel, self.vocos, self.dims, self.route, device=str(self.device),
+            cuda_graphs=True, bf16=self._bf16, graph_max_batch=max_batch,
+            graph_frame_buckets=buckets, graph_max_cells=max_batch * max(buckets),
+            stream=torch.cuda.Stream(self.device, priority=-1), lane=True)
+        lane.warm_up()
+        return lane
+
     def warm_up(self) -> int:
         """One eager decode; with graphs, capture every bucket now. Returns graphs held."""
-        self.decode([StepWindow(np.zeros((2, self.width), dtype=self.dtype), 0)])
+        if not self._lane:
+            self.decode([StepWindow(np.zeros((2, self.width), dtype=self.dtype), 0)])
         if self._use_graphs:
             with torch.inference_mode():
                 for key in self.graph_buckets():

@@ -13,7 +13,9 @@ steps), decoded eagerly and through a CUDA graph (fp32), and eagerly in bf16:
 - per-call wall ms (median of ``--repeats``, host packing and copies included);
 - ``stream_s_per_gpu_s``: seconds of audio the steady calls emit per second of
   decode (32 steps = 0.683 s per window): streams one GPU's decoder holds in
-  real time, if it did nothing else.
+  real time, if it did nothing else;
+- ``first_lane``: a first chunk on the first lane (its own graphs and stream)
+  vs the main lane, idle and while another thread keeps the main lane busy.
 """
 
 from __future__ import annotations
@@ -66,6 +68,40 @@ def _time(dec: ChatTTSWindowDecoder, windows: list[StepWindow], repeats: int) ->
     return statistics.median(ms)
 
 
+def _lane_check(main: ChatTTSWindowDecoder, route: Route, *, busy_batch: int, repeats: int
+                ) -> dict[str, Any]:
+    """The first lane (CUDA graphs): its output vs the main lane's for the same
+    first-chunk window, and ms of a first chunk idle, on the lane while another
+    thread keeps the main lane busy with ``busy_batch`` steady windows, and the
+    busy call itself (what a first chunk waits behind without the lane)."""
+    import threading
+
+    lane = main.first_lane(max_batch=8, max_steps=FIRST_STEPS)
+    if lane is None:
+        return {"available": False}
+    first = _windows(route, 1, FIRST_STEPS, seed=7)
+    busy = _windows(route, busy_batch, STEADY_STEPS, seed=8)
+    out: dict[str, Any] = {"available": True,
+                           "lane_vs_main_db": round(_compare(lane.decode(first),
+                                                             main.decode(first)), 1),
+                           "first_idle_ms": round(_time(lane, first, repeats), 3),
+                           "busy_call_ms": round(_time(main, busy, repeats), 3)}
+    stop = threading.Event()
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            main.decode(busy)
+
+    t = threading.Thread(target=keep_busy, daemon=True)
+    t.start()
+    try:
+        out["first_on_lane_while_busy_ms"] = round(_time(lane, first, repeats), 3)
+    finally:
+        stop.set()
+        t.join()
+    return out
+
+
 def run(device: str, batches: list[int], route: Route, repeats: int) -> dict[str, Any]:
     import torch
 
@@ -101,7 +137,10 @@ def run(device: str, batches: list[int], route: Route, repeats: int) -> dict[str
                     row[f"stream_s_per_gpu_s_{k}"] = round(audio_s / (row[f"{k}_ms"] / 1e3), 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    lane_info = _lane_check(graphs, route, busy_batch=min(64, max(batches)), repeats=repeats)
+    print(json.dumps({"first_lane": lane_info}), flush=True)
     info: dict[str, Any] = {
+        "first_lane": lane_info,
         "what": "ChatTTS Decoder+Vocos batched decode, real shapes, random weights",
         "route": route, "device": device, "torch": torch.__version__,
         "python": platform.python_version(), "command": " ".join(sys.argv),

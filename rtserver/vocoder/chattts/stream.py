@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rtserver.audio.pcm import PcmChunk
+from rtserver.errors import EngineFailed
 from rtserver.vocoder.batcher import BatcherConfig, BatcherStats, DecodeBatcher
 from rtserver.vocoder.chattts.checkpoint import Route, load_audio_models, random_audio_models
 from rtserver.vocoder.chattts.config import ChatTTSDecodeConfig
@@ -92,11 +93,17 @@ class ChatTTSVocoder:
 
     async def start(self, *, warm_up: bool = True) -> None:
         """Start the decode thread; ``warm_up`` runs one decode (and on CUDA with
-        graphs captures them all) on it before returning."""
+        graphs captures them all, and the first lane's) on it before returning."""
         await self._batcher.start()
         if warm_up:
-            await asyncio.get_running_loop().run_in_executor(self._batcher.executor,
-                                                             self.decoder.warm_up)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._batcher.executor, self.decoder.warm_up)
+            if self.config.first_lane:
+                lane = await loop.run_in_executor(
+                    self._batcher.executor, self.decoder.first_lane,
+                    self.config.first_lane_batch, self.config.first_lane_steps)
+                if lane is not None:
+                    self._batcher.enable_first_lane(lane)
 
     async def close(self) -> None:
         await self._batcher.close()
@@ -234,6 +241,10 @@ class ChatTTSStream:
             raise
         if self._closed:
             return []
+        for a in audio:
+            if not np.isfinite(a).all():
+                self.close()
+                raise EngineFailed("the ChatTTS decoder produced NaN or infinite audio")
         rate = self._vocoder.sample_rate
         chunks = [PcmChunk(self._joiner.join(j, a), rate)
                   for j, a in zip(jobs, audio, strict=True)]
