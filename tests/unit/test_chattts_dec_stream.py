@@ -178,3 +178,50 @@ def test_non_finite_decoder_output_fails_that_stream_only(root: Path) -> None:
             await vocoder.close()
 
     asyncio.run(go())
+
+
+def _emulated(root: Path) -> ChatTTSVocoder:
+    """A vocoder whose decoder runs the CUDA-graph bookkeeping (buckets, static
+    buffers, zero-length padding rows, the first lane) on the CPU."""
+    from rtserver.vocoder.chattts.checkpoint import load_audio_models
+    from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder
+
+    cfg = ChatTTSDecodeConfig(graph_frame_buckets=(16, 24, 48, 104), graph_max_cells=512,
+                              max_batch=8)
+    mel, vocos, dims = load_audio_models(root)
+    dec = ChatTTSWindowDecoder(mel, vocos, dims, "decoder", graph_max_batch=cfg.max_batch,
+                               graph_frame_buckets=cfg.graph_frame_buckets,
+                               graph_max_cells=cfg.graph_max_cells, emulate_graphs=True)
+    return ChatTTSVocoder(dec, cfg)
+
+
+def test_graph_buckets_pad_exactly(root: Path) -> None:
+    vocoder = _emulated(root)
+    dec = vocoder.decoder
+    assert dec.warm_up() == len(dec.graph_buckets()) > 0
+    assert dec.fits(3, 20) and not dec.fits(9, 20) and not dec.fits(1, 105)
+    eager = ChatTTSVocoder.load(root).decoder
+    for sizes in ((3,), (17, 1, 40), (104, 2), (5,) * 6, (120,)):  # 120: past the buckets
+        windows = [StepWindow(steps(n, i), 0) for i, n in enumerate(sizes)]
+        for got, ref in zip(dec.decode(windows), eager.decode(windows), strict=True):
+            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))
+
+
+def test_first_lane_streams_equal_plain_streams(root: Path) -> None:
+    """With the first lane on (first chunks on the lane's graphs and thread),
+    every stream's audio equals the plain vocoder's."""
+    xs = [steps(n, seed) for n, seed in ((40, 1), (30, 2), (55, 3))]
+
+    async def go(vocoder: ChatTTSVocoder) -> list[np.ndarray]:
+        await vocoder.start()
+        try:
+            return list(await asyncio.gather(*(run_stream(vocoder.open_stream(), x, (1,))
+                                               for x in xs)))
+        finally:
+            await vocoder.close()
+
+    emulated = _emulated(root)
+    lane_outs = asyncio.run(go(emulated))
+    assert emulated.stats.first_lane_calls >= 1
+    for out, ref in zip(lane_outs, asyncio.run(go(ChatTTSVocoder.load(root))), strict=True):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))

@@ -46,12 +46,22 @@ class StepWindow:
 
 
 class _Graph:
+    """Static input/output buffers of one bucket and the captured graph (or, on
+    the CPU for tests, the same forward run on those buffers)."""
+
     __slots__ = ("graph", "lengths", "out", "x")
 
     def __init__(self, x: torch.Tensor, lengths: torch.Tensor) -> None:
         self.x, self.lengths = x, lengths
         self.out: torch.Tensor | None = None
         self.graph: Any = None
+
+    def replay(self, forward: Any) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:  # emulated (CPU tests): the forward the graph would hold
+            assert self.out is not None
+            self.out.copy_(forward(self.x, self.lengths))
 
 
 class ChatTTSWindowDecoder:
@@ -69,8 +79,8 @@ class ChatTTSWindowDecoder:
     def __init__(self, mel: MelDecoder, vocos: Vocos, dims: ChatTTSAudioDims, route: Route, *,
                  device: str = "cpu", cuda_graphs: bool = False, bf16: bool = False,
                  graph_max_batch: int = 64, graph_frame_buckets: Sequence[int] = (),
-                 graph_max_cells: int = 16384, stream: Any = None, lane: bool = False
-                 ) -> None:
+                 graph_max_cells: int = 16384, stream: Any = None, lane: bool = False,
+                 emulate_graphs: bool = False) -> None:
         self.device = torch.device(device)
         self._stream = stream  # CUDA stream for all this decoder's work (None: current)
         self._lane = lane  # graphs only: shapes without one are refused (see ``fits``)
@@ -81,7 +91,10 @@ class ChatTTSWindowDecoder:
         self.width = dims.gpt_hidden if route == "decoder" else dims.vq.n_codes
         self.dtype = np.float32 if route == "decoder" else np.int64
         self._bf16 = bf16 and self.device.type == "cuda"
-        self._use_graphs = cuda_graphs and self.device.type == "cuda"
+        # emulate_graphs: tests only, the graph bookkeeping (buckets, static
+        # buffers, padding rows) on the CPU with the forward run eagerly
+        self._emulate = emulate_graphs and self.device.type == "cpu"
+        self._use_graphs = (cuda_graphs and self.device.type == "cuda") or self._emulate
         self._graph_max_batch = graph_max_batch
         self._frame_buckets = sorted(set(graph_frame_buckets))
         self._graph_max_cells = graph_max_cells
@@ -189,6 +202,9 @@ class ChatTTSWindowDecoder:
         x = torch.zeros(b, n, self.width, dtype=torch_dtype, device=self.device)
         lengths = torch.full((b,), n, dtype=torch.int64, device=self.device)
         g = _Graph(x, lengths)
+        if self._emulate:
+            g.out = self.forward(x, lengths)
+            return g
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
@@ -210,7 +226,7 @@ class ChatTTSWindowDecoder:
         g.x[:b, :n].copy_(x, non_blocking=True)
         g.lengths.zero_()
         g.lengths[:b].copy_(lengths)
-        g.graph.replay()
+        g.replay(self.forward)
         assert g.out is not None
         return self._unpack(g.out, windows)
 
@@ -230,7 +246,8 @@ class ChatTTSWindowDecoder:
             self.mel, self.vocos, self.dims, self.route, device=str(self.device),
             cuda_graphs=True, bf16=self._bf16, graph_max_batch=max_batch,
             graph_frame_buckets=buckets, graph_max_cells=max_batch * max(buckets),
-            stream=torch.cuda.Stream(self.device, priority=-1), lane=True)
+            stream=None if self._emulate else torch.cuda.Stream(self.device, priority=-1),
+            lane=True, emulate_graphs=self._emulate)
         lane.warm_up()
         return lane
 
