@@ -251,3 +251,57 @@ def test_repetition_penalty_counts_the_window() -> None:
     counts = penalty_counts(hist, 626)
     assert counts[0, 0, 5] == 2 and counts[0, 0, 7] == 1 and counts.sum() == 3
 
+
+
+def refine_request(assets: LmAssets, rid: str, text: str, seed: int) -> TokenRequest:
+    tok = assets.tokenizer
+    stop = tok.token_id("[Ebreak]")
+    assert stop is not None
+    return TokenRequest(request_id=rid,
+                        prompt_token_ids=tuple(tok.encode(f"[Sbreak]{text}[Pbreak]")),
+                        max_tokens=24, stop_token_ids=(stop,),
+                        sampling=SamplingSettings(temperature=0.7, top_p=0.7, top_k=20,
+                                                  repetition_penalty=1.0, seed=seed))
+
+
+async def test_refine_lane_beside_codes(assets: LmAssets) -> None:
+    """Refine requests (text ids from head_text) run in their own lane while
+    codes decode; each gives what it gives alone, and no stop id."""
+    r1 = refine_request(assets, "t1", "hello world", 1)
+    r2 = refine_request(assets, "t2", "你好我们", 2)
+    async with running(make_engine(assets, slots=2, text_slots=1)) as engine:
+        alone = [await engine.refine(r) for r in (r1, r2)]
+    async with running(make_engine(assets, slots=2, text_slots=2)) as engine:
+        codes = asyncio.create_task(collect(engine, request(assets, "c", "hello", 3, 40)))
+        both = await asyncio.gather(engine.refine(r1), engine.refine(r2))
+        c, _ = await codes
+        assert len(c) >= 1
+    assert both == alone
+    stop = r1.stop_token_ids[0]
+    for ids in alone:
+        assert 1 <= len(ids) <= 24 and stop not in ids
+        assert all(0 <= t < assets.config.num_text_tokens for t in ids)
+    assert alone[0] != alone[1]
+
+
+async def test_refine_cancel_frees_the_lane(assets: LmAssets) -> None:
+    # 4096 positions: the long request cannot end by itself while the test looks
+    async with running(make_engine(assets, slots=1, max_len=4096, text_slots=1,
+                                   text_max_len=4096)) as engine:
+        long = TokenRequest(request_id="long", prompt_token_ids=refine_request(
+            assets, "x", "hello", 1).prompt_token_ids, max_tokens=100_000,
+            stop_token_ids=(0,), sampling=SamplingSettings(seed=1, temperature=0.7))
+        task = asyncio.create_task(engine.refine(long))
+        await asyncio.sleep(0.2)
+        assert engine._text is not None and len(engine._text.live) == 1
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if not engine._text.live:
+                break
+            await asyncio.sleep(0.005)
+        assert not engine._text.live
+        # the one text slot serves the next request
+        ids = await asyncio.wait_for(engine.refine(refine_request(assets, "y", "hi", 2)), 10)
+        assert ids

@@ -51,6 +51,7 @@ from rtserver.engine.base import (
 )
 from rtserver.engine.torch_engine.model import ChatLM
 from rtserver.engine.torch_engine.sampling import PENALTY_WINDOW, sample_codes
+from rtserver.engine.torch_engine.text_lane import TextJob, TextLane, TextResult
 from rtserver.errors import EngineFailed, Overloaded
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class TorchEngineConfig:
     # are 85 ms of audio, far less than the decoder's later chunks).
     eager_steps: int = 24
     stream_interval: int = 4
+    # The refine-text lane (text_lane.py): its own slots and KV cache; 0: off.
+    text_slots: int = 0
+    text_max_len: int = 512
 
 
 @dataclass
@@ -133,6 +137,8 @@ class TorchCodeEngine:
         self._by_id: dict[str, _Live] = {}
         self._free: list[int] = []
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._text: TextLane | None = None
+        self._text_futs: dict[str, asyncio.Future[list[int]]] = {}
         # stats (written by the thread; read by the loop: plain ints, no locking needed)
         self.steps_total = 0
         self.prefills_total = 0
@@ -170,6 +176,8 @@ class TorchCodeEngine:
         self._free = list(range(slots))
         heapq.heapify(self._free)
         self._alloc_state(model)
+        if self.config.text_slots > 0:
+            self._text = TextLane(model, self.config.text_slots, self.config.text_max_len)
         if model.device.type == "cuda" and self.config.cuda_graphs:
             self._capture_graphs(model)
         return model
@@ -280,6 +288,52 @@ class TorchCodeEngine:
         return _Pending(request=request, ids=ids, vector=vector, inject_id=inject,
                         seed=int(seed), submitted=time.monotonic())
 
+    async def refine(self, request: TokenRequest) -> list[int]:
+        """Generate text ids (the refine-text lane): ``prompt_token_ids`` are text
+        ids, ``stop_token_ids[0]`` ends it (not returned), at most ``max_tokens``.
+        Cancelling the caller frees its slot."""
+        model = self.model
+        if self._text is None:
+            raise EngineFailed("the engine has no refine-text lane (text_slots = 0)")
+        if self._dead is not None:
+            raise EngineFailed(f"the torch engine has died: {self._dead}")
+        n = len(request.prompt_token_ids)
+        if n == 0 or not request.stop_token_ids:
+            raise EngineFailed("refine needs a prompt and a stop id")
+        if n + 1 > self._text.max_len:
+            raise EngineFailed(f"refine prompt of {n} positions does not fit "
+                               f"{self._text.max_len}")
+        vocab = model.cfg.num_text_tokens
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
+            raise EngineFailed("prompt id out of the text vocabulary")
+        rid = request.request_id
+        if rid in self._text_futs:
+            raise EngineFailed(f"request id {rid} is already running")
+        seed = request.sampling.seed
+        job = TextJob(request=request,
+                      seed=int(seed if seed is not None else random.getrandbits(31)))
+        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._text_futs[rid] = fut
+        self._inbox.put(("text", job))
+        self._wake.set()
+        try:
+            return await fut
+        finally:
+            self._text_futs.pop(rid, None)
+            if not fut.done() or fut.cancelled():  # a cancelled caller cancels ``fut`` too
+                self._inbox.put(("abort_text", rid))
+                self._wake.set()
+
+    def _resolve_text(self, results: list[TextResult]) -> None:
+        for rid, ids, err in results:
+            fut = self._text_futs.get(rid)
+            if fut is None or fut.done():
+                continue
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(ids or [])
+
     async def abort(self, request_id: str) -> None:
         q = self._streams.pop(request_id, None)
         if q is not None:
@@ -323,7 +377,8 @@ class TorchCodeEngine:
                 self._take_inbox()
                 self._running = len(self._live)
                 self._n_waiting = len(self._waiting)
-                if not self._live and not self._waiting:
+                text = self._text is not None and self._text.busy
+                if not self._live and not self._waiting and not text:
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
@@ -332,6 +387,8 @@ class TorchCodeEngine:
                 self._admit(model, out)
                 if self._live:
                     self._decode(model, out)
+                if text:
+                    self._text_turn()
                 self._running = len(self._live)
                 self._n_waiting = len(self._waiting)
                 if out:
@@ -344,6 +401,22 @@ class TorchCodeEngine:
             out += [(p.request.request_id, None, None, True,
                      EngineFailed(f"the engine died: {exc}")) for _, _, p in self._waiting]
             self._post(out)
+
+    def _text_turn(self) -> None:
+        lane = self._text
+        assert lane is not None
+        jobs = [*lane.live.values(), *lane.waiting]
+        try:
+            results = lane.turn()
+        except Exception as exc:  # OOM or a bug: fail the lane's jobs, not the codes
+            log.exception("refine-text step failed")
+            err = EngineFailed(f"refine-text failed: {type(exc).__name__}: {exc}")
+            results = [(j.request.request_id, None, err) for j in jobs]
+            for j in jobs:
+                lane.drop(j.request.request_id)
+        if results and self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._resolve_text, results)
 
     def _post(self, events: list[_Event]) -> None:
         loop = self._loop
@@ -360,6 +433,10 @@ class TorchCodeEngine:
             if kind == "submit":
                 p: _Pending = item
                 heapq.heappush(self._waiting, (p.request.priority, next(self._seq), p))
+            elif kind == "text" and self._text is not None:
+                self._text.waiting.append(item)
+            elif kind == "abort_text" and self._text is not None:
+                self._text.drop(str(item))
             else:
                 self._drop(str(item))
 

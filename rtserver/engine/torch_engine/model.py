@@ -125,7 +125,8 @@ class ChatLM:
     # --- forward passes -----------------------------------------------------------
 
     def prefill(self, embeds: torch.Tensor, lengths: torch.Tensor,
-                slots: torch.Tensor) -> torch.Tensor:
+                slots: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
         """Run ``embeds`` ``[n, T, hidden]`` (right-padded; row i real for
         ``lengths[i]`` positions) from position 0, writing slot ``slots[i]``'s KV
         cache; returns each row's final-norm hidden state at its last real
@@ -134,7 +135,9 @@ class ChatLM:
         Padding sits after the real positions, so causal attention keeps it out
         of every real position; what it writes to the cache lies past the
         request's length, where decode masks it until overwriting it.
+        ``cache``: another (K, V) pair than the slots' (the refine-text lane).
         """
+        kcache, vcache = cache if cache is not None else (self.k_cache, self.v_cache)
         n, t, _ = embeds.shape
         d = self.cfg.head_dim
         cos, sin = self.cos[:t][None, None], self.sin[:t][None, None]
@@ -146,8 +149,8 @@ class ChatLM:
             k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
             v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            self.k_cache[li, slots, :, :t] = k
-            self.v_cache[li, slots, :, :t] = v
+            kcache[li, slots, :, :t] = k
+            vcache[li, slots, :, :t] = v
             a = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v),
                                                is_causal=True)
             x = x + F.linear(a.transpose(1, 2).reshape(n, t, -1), layer.o)
@@ -159,13 +162,21 @@ class ChatLM:
         """One step for slots ``0..B-1``: ``codes`` ``[B, vq]`` at positions
         ``pos`` ``[B]``; attention over the first ``length`` cache positions.
         Returns the final-norm hidden state, float32 ``[B, hidden]``."""
-        b = codes.shape[0]
+        return self.decode_embeds(self.code_embeds(codes), pos, length,
+                                  (self.k_cache, self.v_cache))
+
+    def decode_embeds(self, x0: torch.Tensor, pos: torch.Tensor, length: int,
+                      cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``decode`` from input embeddings ``[B, hidden]`` on the rows
+        ``0..B-1`` of ``cache`` (K, V)."""
+        b = x0.shape[0]
         d = self.cfg.head_dim
-        rows = torch.arange(b, device=codes.device)
+        kcache, vcache = cache
+        rows = torch.arange(b, device=x0.device)
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]
-        mask = (torch.arange(length, device=codes.device)[None, :] <= pos[:, None])
+        mask = (torch.arange(length, device=x0.device)[None, :] <= pos[:, None])
         mask = mask[:, None, None, :]
-        x = self.code_embeds(codes)[:, None, :]  # [B, 1, hidden]
+        x = x0.to(self.dtype)[:, None, :]  # [B, 1, hidden]
         for li, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
             qkv = F.linear(h, layer.qkv)
@@ -173,7 +184,7 @@ class ChatLM:
             k = qkv[..., self._q:self._q + self._kv].view(b, 1, -1, d).transpose(1, 2)
             v = qkv[..., self._q + self._kv:].view(b, 1, -1, d).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            kc, vc = self.k_cache[li], self.v_cache[li]
+            kc, vc = kcache[li], vcache[li]
             kc[rows, :, pos] = k[:, :, 0]
             vc[rows, :, pos] = v[:, :, 0]
             a = F.scaled_dot_product_attention(
@@ -182,3 +193,17 @@ class ChatLM:
             x = x + F.linear(a.transpose(1, 2).reshape(b, 1, -1), layer.o)
             x = x + self._mlp(layer, self._rms(x, layer.ln2))
         return self._rms(x[:, 0], self.norm).float()
+
+    # --- the refine-text lane -------------------------------------------------------
+
+    def text_cache(self, slots: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A separate (K, V) pair for text generation (refine), ``max_len <= self.max_len``."""
+        c = self.cfg
+        shape = (c.num_hidden_layers, slots, c.num_key_value_heads, min(max_len, self.max_len),
+                 c.head_dim)
+        return (torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.zeros(shape, device=self.device, dtype=self.dtype))
+
+    def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` float32 -> ``[N, 1, text vocab]`` (upstream ``head_text``)."""
+        return (hidden @ self.head_text.T)[:, None, :]

@@ -274,6 +274,10 @@ class ChatTokenizer:
     def has_token(self, token: str) -> bool:
         return self._tok.token_to_id(token) is not None
 
+    def token_id(self, token: str) -> int | None:
+        tid = self._tok.token_to_id(token)
+        return None if tid is None else int(tid)
+
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=False))
 

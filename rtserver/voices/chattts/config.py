@@ -26,6 +26,12 @@ class ChatTTSConfig:
     # Upstream's spk_stat string (config.py), when the folder has no spk_stat.pt.
     speaker_stats: str = ""
     speed: int = 5  # [speed_N], upstream's prompt default is [speed_5]
+    # Upstream's refine-text pass (the GPT adds prosody tokens before speaking);
+    # off: it runs before the first audio, so it adds to TTFA.
+    refine_text: bool = False
+    refine_slots: int = 8  # refine requests at once (their own small KV cache)
+    refine_max_tokens: int = 384  # upstream RefineTextParams.max_new_token
+    refine_temperature: float = 0.7  # upstream RefineTextParams.temperature
     # Sampling (upstream Chat.InferCodeParams defaults)
     temperature: float = 0.3
     top_p: float = 0.7

@@ -76,7 +76,11 @@ class TokenizerLike(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...
+
     def has_token(self, token: str) -> bool: ...
+
+    def token_id(self, token: str) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +188,38 @@ class ChatTTSRuntime:
         return out
 
     def prompt_ids(self, text: str) -> list[int]:
+        """The code prompt of ``text`` (normalised), no refine pass; [] if nothing is left."""
+        norm = ct.normalise(text, self.tokenizer.has_token)
+        return self._code_ids(norm) if norm else []
+
+    def _code_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(ct.code_prompt(text, prompt=ct.speed_prompt(
+            self.config.speed)))
+
+    async def refined_prompt_ids(self, text: str, request_id: str) -> list[int]:
+        """``prompt_ids`` after upstream's refine-text pass (``Chat._refine_text``):
+        the GPT rewrites the normalised text with prosody tokens, ids from
+        ``[break_0]`` up are dropped (upstream ``i.less(break_0_ids)``), and the
+        decoded text becomes the code prompt."""
         norm = ct.normalise(text, self.tokenizer.has_token)
         if not norm:
             return []
-        return self.tokenizer.encode(ct.code_prompt(norm, prompt=ct.speed_prompt(
-            self.config.speed)))
+        refine = getattr(self.engine, "refine", None)
+        stop = self.tokenizer.token_id("[Ebreak]")
+        if refine is None or stop is None:
+            raise EngineFailed("this ChatTTS engine or tokenizer cannot refine text")
+        cfg = self.config
+        ids = await refine(TokenRequest(
+            request_id=f"{request_id}-refine",
+            prompt_token_ids=tuple(self.tokenizer.encode(ct.refine_prompt(norm))),
+            max_tokens=cfg.refine_max_tokens, stop_token_ids=(stop,),
+            sampling=SamplingSettings(temperature=cfg.refine_temperature, top_p=cfg.top_p,
+                                      top_k=cfg.top_k, repetition_penalty=1.0,
+                                      seed=self.sampling.seed)))
+        cut = self.tokenizer.token_id("[break_0]")
+        kept = [t for t in ids if cut is None or t < cut]
+        refined = self.tokenizer.decode(kept).strip()
+        return self._code_ids(refined) if refined else self._code_ids(norm)
 
     async def release(self) -> None:
         self._users -= 1
@@ -230,11 +261,13 @@ class ChatTTSVoice:
         async for _ in self.stream(req, max_steps=self._rt.config.warm_up_steps):
             pass
 
-    def token_request(self, request: SynthesisRequest, *, max_steps: int | None = None
-                      ) -> TokenRequest | None:
-        """The engine request of a segment; None when nothing in it is speakable."""
+    def token_request(self, request: SynthesisRequest, *, max_steps: int | None = None,
+                      ids: list[int] | None = None) -> TokenRequest | None:
+        """The engine request of a segment (``ids``: its prompt, already built);
+        None when nothing in it is speakable."""
         rt = self._rt
-        ids = rt.prompt_ids(request.text)
+        if ids is None:
+            ids = rt.prompt_ids(request.text)
         if not ids:
             return None
         room = rt.max_len - len(ids) - 1
@@ -260,7 +293,9 @@ class ChatTTSVoice:
         """``synthesize`` with the step budget capped at ``max_steps``."""
         if self._closed:
             raise EngineFailed("the voice is closed")
-        treq = self.token_request(request, max_steps=max_steps)
+        ids = (await self._rt.refined_prompt_ids(request.text, request.request_id)
+               if self._rt.config.refine_text else None)
+        treq = self.token_request(request, max_steps=max_steps, ids=ids)
         if treq is None:
             return
         eos = self._rt.eos_id
@@ -352,6 +387,8 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         prefill_tokens=cfg.prefill_tokens, max_waiting=cfg.max_waiting,
         max_queue_s=cfg.max_queue_s, retry_after_ms=cfg.retry_after_ms,
         ignore_eos=cfg.ignore_eos, eager_steps=cfg.eager_steps,
+        text_slots=cfg.refine_slots if cfg.refine_text else 0,
+        text_max_len=min(max_len, 1024),
         stream_interval=max(1, cfg.stream_interval)),
         eos_id=gcfg.eos_id, name="chattts")
     progress("starting the ChatTTS engine")

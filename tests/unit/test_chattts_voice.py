@@ -1,0 +1,43 @@
+"""A ChatTTS voice on the tiny checkpoint without a server: the refine-text
+pass (opt-in) and a segment's audio length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from rtserver.testing.tiny_chattts import write_tiny_chattts
+from rtserver.voices.base import SynthesisRequest
+from rtserver.voices.chattts.config import ChatTTSConfig
+from rtserver.voices.chattts.voice import build_runtime
+
+
+async def test_refine_then_speak(tmp_path: Path) -> None:
+    write_tiny_chattts(tmp_path)
+    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=2, max_len=256,
+                        refine_text=True, refine_slots=2, refine_max_tokens=16,
+                        ignore_eos=True, seed=3, seeds=(1,))
+    rt = await build_runtime(cfg)
+    voice = rt.voice("seed_1")
+    try:
+        tok = rt.tokenizer
+        ids = await rt.refined_prompt_ids("Hello world.", "r1")
+        head = tok.encode("[Stts][spk_emb][speed_5]")
+        assert ids[:len(head)] == head and ids[-1] == tok.token_id("[Ptts]")
+        cut = tok.token_id("[break_0]")
+        assert cut is not None and all(t < cut for t in ids[len(head):-1])
+        # the same seed, the same rewrite
+        assert await rt.refined_prompt_ids("Hello world.", "r2") == ids
+        # plain prompt for comparison: refine changed the text
+        assert rt.prompt_ids("Hello world.") != ids
+        samples = 0
+        async for chunk in voice.stream(SynthesisRequest(text="Hello world.", request_id="s1",
+                                                         first=True), max_steps=8):
+            samples += len(chunk.samples)
+        assert samples == 8 * 512
+    finally:
+        await voice.close()
+    assert rt.closed
