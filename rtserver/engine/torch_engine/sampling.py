@@ -28,6 +28,9 @@ MIN_KEEP = 3  # upstream gen_logits: min_tokens_to_keep=3 for both warpers
 PENALTY_WINDOW = 16  # upstream gen_logits: past_window=16
 
 _M32 = 0xFFFFFFFF
+# A Python float, not a tensor: a CUDA tensor made from a host value is a copy,
+# which a CUDA graph capture refuses.
+NEG_INF = float("-inf")
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -78,21 +81,20 @@ def sample_codes(logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torc
     x = logits / temperature[:, None, None]
     alpha = torch.pow(penalty[:, None, None], penalty_counts(history, vocab))
     x = torch.where(x < 0, x * alpha, x / alpha)
-    neg_inf = torch.tensor(float("-inf"), device=x.device)
     # top-p: drop the low tail whose mass is <= 1 - p (ascending order)
     asc, order = torch.sort(x, dim=-1)
     cum = asc.softmax(dim=-1).cumsum(dim=-1)
     drop = cum <= (1.0 - top_p)[:, None, None]
     drop[..., -MIN_KEEP:] = False
-    x = x.masked_fill(drop.scatter(-1, order, drop), neg_inf)
+    x = x.masked_fill(drop.scatter(-1, order, drop), NEG_INF)
     # top-k: keep what is >= the k-th largest (ties kept, as transformers)
     k = torch.where(top_k > 0, top_k.clamp(min=MIN_KEEP), torch.full_like(top_k, vocab))
     k = k.clamp(max=vocab)
     desc = torch.sort(x, dim=-1, descending=True).values
     kth = desc.gather(-1, (k - 1)[:, None, None].expand(n, q, 1))
-    x = x.masked_fill(x < kth, neg_inf)
+    x = x.masked_fill(x < kth, NEG_INF)
     # no EOS before min_new steps
     early = (step < min_new)[:, None]
-    x[..., eos_id] = torch.where(early, neg_inf, x[..., eos_id])
+    x[..., eos_id] = x[..., eos_id].masked_fill(early, NEG_INF)
     probs = x.softmax(dim=-1)
     return (probs / race_noise(seed, step, q, vocab)).argmax(dim=-1)
