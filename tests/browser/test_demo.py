@@ -94,6 +94,24 @@ def test_speaks_text_on_load(demo_server: DemoServer, page: Page, output_dir: Pa
     assert not page.exceptions, page.exceptions
 
 
+IDLE_TEXT = "Hello there, this is the browser demo speaking."
+
+
+def test_time_to_first_heard_audio_on_an_idle_server(demo_server: DemoServer, page: Page
+                                                     ) -> None:
+    """The page's time to sound (``startLatencyMs``: first text sent -> playback
+    started, after the server's buffer hint) for a short sentence on an idle
+    server, printed beside TTFA. Issue 14's target is <= 300 ms on the 2-core CI
+    machine; speed is shown by benchmarks, so only the order of events is asserted."""
+    page.navigate(demo_server.url(f"autoplay=1&text={quote(IDLE_TEXT)}"))
+    stats = wait_finished(page)
+    assert_heard_everything(stats)
+    print(f"\nbrowser demo, idle server, {IDLE_TEXT!r}: startLatencyMs "
+          f"{stats['startLatencyMs']} ms (time to first heard audio), TTFA {stats['ttfaMs']} ms, "
+          f"server TTFA {stats['serverTtfaMs']} ms, prebuffer hint {stats['prebufferMs']} ms")
+    assert stats["ttfaMs"] <= stats["startLatencyMs"]
+
+
 def test_stop_mid_reply_then_clean_turn(demo_server: DemoServer, page: Page,
                                         output_dir: Path) -> None:
     # The canned chatbot reply (about 150 tokens, 30 s of speech) at 10
