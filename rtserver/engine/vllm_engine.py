@@ -48,6 +48,7 @@ from rtserver.engine.base import (
     HistogramAccumulator,
     TokenRequest,
 )
+from rtserver.engine.quantization import declared_quantization, resolve_quantization
 from rtserver.errors import ConfigError, EngineDead, EngineFailed
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ class VllmEngineConfig:
     model: str
     dummy_weights: bool = False  # vLLM load_format="dummy": random weights, real speed
     dtype: str = "auto"
+    # Weight quantization ("" or a method of rtserver.engine.quantization):
+    # reconciled with the checkpoint's own quantization_config before it
+    # reaches vLLM's ``quantization`` (see that module).
+    quantization: str = ""
     max_model_len: int = 4096
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -264,6 +269,9 @@ class VllmEngine:
         if not os.path.isdir(c.model):
             raise ConfigError(f"model folder {c.model} does not exist")
         kwargs: dict[str, Any] = {}
+        quantization = self.quantization()
+        if quantization is not None:
+            kwargs["quantization"] = quantization
         if c.kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_gib * GiB)
         if c.max_num_batched_tokens is not None:
@@ -290,6 +298,16 @@ class VllmEngine:
             enable_log_requests=c.log_requests,
             **kwargs,
         )
+
+    def quantization(self) -> str | None:
+        """vLLM's ``quantization`` argument: None leaves the choice to vLLM (no
+        quantization, or the checkpoint's). ``ConfigError`` when the setting
+        contradicts the checkpoint."""
+        try:
+            return resolve_quantization(self.config.quantization,
+                                        declared_quantization(self.config.model))
+        except ValueError as exc:
+            raise ConfigError(f"model {self.config.model}: {exc}") from None
 
     async def start(self) -> None:
         if self._llm is not None:

@@ -42,6 +42,11 @@ from rtserver.engine.base import (
     SingleCodebookEngine,
     TokenRequest,
 )
+from rtserver.engine.quantization import (
+    check_setting,
+    declared_quantization,
+    resolve_quantization,
+)
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.chunking import stream_plan
 from rtserver.vocoder.config import VocoderConfig
@@ -79,6 +84,11 @@ class OrpheusConfig:
     vocoder: VocoderConfig | None = None  # chunking/batching; None: the vocoder's defaults
     # vLLM
     dtype: str = "auto"
+    # Weight quantization: "" (the checkpoint's own, or none), "fp8" (bf16
+    # weights quantized at load; H100/H200), or the method of a quantized
+    # checkpoint ("awq", "gptq", "compressed-tensors", ...; see
+    # rtserver.engine.quantization): must agree with its config.json.
+    quantization: str = ""
     max_model_len: int = 4096  # prompt (<~300 tokens) + up to 60 s of audio (4,900 tokens)
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -112,6 +122,11 @@ class OrpheusConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        check_setting(self.quantization)
+        if not self.model_dir:  # the dummy layout written at load declares none
+            resolve_quantization(self.quantization, None)
+        elif (Path(self.model_dir) / "config.json").is_file():  # else: the loader says so
+            resolve_quantization(self.quantization, declared_quantization(self.model_dir))
 
 
 class VocoderStreamLike(Protocol):
@@ -356,6 +371,7 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
                                             str(Path(model_dir) / "tokenizer.json"))
         engine = VllmEngine(VllmEngineConfig(
             model=model_dir, dummy_weights=cfg.dummy_weights, dtype=cfg.dtype,
+            quantization=cfg.quantization,
             max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,

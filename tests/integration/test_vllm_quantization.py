@@ -1,0 +1,52 @@
+"""The engine arguments built for each quantization setting, taken through
+vLLM's own config checks (``create_engine_config``: no weights, no engine),
+on the CPU wheel. Whether a method's kernels run is for the GPU: on the CPU
+this shows only that vLLM accepts what we pass and settles on the method."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from rtserver.errors import ConfigError
+from rtserver.voices.orpheus_layout import write_tiny_orpheus
+
+pytestmark = [pytest.mark.vllm]
+
+
+def engine(root: Path, setting: str, quant: dict[str, object] | None) -> VllmEngine:
+    folder = write_tiny_orpheus(root, shape="tiny")
+    if quant is not None:
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = quant
+        (folder / "config.json").write_text(json.dumps(config))
+    return VllmEngine(VllmEngineConfig(model=str(folder), dummy_weights=True,
+                                       quantization=setting, enforce_eager=True,
+                                       max_model_len=512, max_num_seqs=4))
+
+
+@pytest.mark.parametrize(("setting", "quant", "arg", "settled"), [
+    ("", None, None, None),
+    ("fp8", None, "fp8", "fp8"),
+    ("fp8", {"quant_method": "fp8", "activation_scheme": "dynamic"}, None, "fp8"),
+    # on the CPU vLLM runs a GPTQ checkpoint as auto_gptq (gptq_marlin on CUDA):
+    # passing "gptq" would have made it refuse
+    ("gptq", {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+              "sym": True}, None, "auto_gptq"),
+])
+def test_vllm_accepts_the_arguments(tmp_path: Path, setting: str,
+                                    quant: dict[str, object] | None, arg: str | None,
+                                    settled: str | None) -> None:
+    args = engine(tmp_path, setting, quant).engine_args()
+    assert args.quantization == arg
+    assert args.create_engine_config().model_config.quantization == settled
+
+
+def test_a_contradiction_fails_before_vllm(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'awq' contradicts the checkpoint"):
+        engine(tmp_path, "awq", {"quant_method": "fp8"}).engine_args()
