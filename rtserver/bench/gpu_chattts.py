@@ -50,6 +50,12 @@ def _env(args: argparse.Namespace) -> dict[str, str]:
         "RTSERVER_CHATTTS_BUDGET_S_PER_CHAR": "0.07",
         "RTSERVER_CHATTTS_BUDGET_S_PER_CJK": "0.25",
         "RTSERVER_CHATTTS_DECODER": args.decoder,
+        # one client address opens every stream: per-address rate limits and the
+        # first-heard admission check off, so the run measures the voice
+        "RTSERVER_ADMISSION_CONNECTIONS_PER_MINUTE": "0",
+        "RTSERVER_ADMISSION_CONTEXTS_PER_MINUTE": "0",
+        "RTSERVER_ADMISSION_CHARS_PER_MINUTE": "0",
+        "RTSERVER_ADMISSION_FIRST_HEARD_TARGET_MS": "0",
     })
     if args.device == "cpu":
         env["RTSERVER_CHATTTS_CUDA_GRAPHS"] = "false"
@@ -96,7 +102,7 @@ def _bench(args: argparse.Namespace, port: int, name: str, extra: list[str]) -> 
     notes = [f"ChatTTS {args.shape} shapes, random weights: speed real, sound noise; "
              "EOS off, budget = natural speech length (0.3 s + 0.07 s/char)",
              f"engine: {args.slots} slots, max_len {args.max_len}, device {args.device}, "
-             f"decoder route {args.decoder}"]
+             f"decoder route {args.decoder}; admission rate limits and first-heard check off"]
     cmd = [sys.executable, "-m", "rtserver.bench", "--url", f"ws://127.0.0.1:{port}/v1/stream",
            "--voice", args.voice, "--load", "stream", "--fragment", "token",
            "--tokens-per-s", "40", "--ttfa-p99-ms", "120", "--no-plots",
