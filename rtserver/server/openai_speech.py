@@ -7,10 +7,14 @@ the body streams as the text is spoken: chunked audio, or Server-Sent Events
 is made at 24 kHz mono (OpenAI's ``pcm`` is 24 kHz s16le). ``model`` is
 accepted and not used: the voice decides the model.
 
-Same voices, limits, auth and metrics as the WebSocket: the voice names (and
-their short aliases) of ``GET /v1/voices``, ``max_text_chars``, the API keys,
-``rtserver_contexts_total`` / ``rtserver_ttfa_ms`` / ``rtserver_audio_seconds_total``,
-and a draining server refuses new speech. Errors are OpenAI's error JSON with
+Same voices, limits, auth, metrics and admission as the WebSocket: the voice
+names (and their short aliases) of ``GET /v1/voices``, ``max_text_chars``,
+the API keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text``
+for each request as for a context (draining, the voice's breaker, the
+per-key context and character rates, the predicted first heard audio), at
+most ``max_contexts`` requests of one client at once (the WebSocket's limit
+per connection), and ``rtserver_contexts_total`` / ``rtserver_ttfa_ms`` /
+``rtserver_audio_seconds_total`` / ``rtserver_rejected_total``. Errors are OpenAI's error JSON with
 the status of ``HTTP_STATUS`` (the one map from rtserver's error codes).
 
 A finished phrase goes to the phrase cache (``rtserver.cache``); a repeat of
@@ -42,20 +46,21 @@ from rtserver.errors import (
     BadMessage,
     EngineFailed,
     ErrorCode,
-    Overloaded,
     RtError,
     TextTooLong,
     TooManyContexts,
     UnknownVoice,
     UnsupportedFormat,
 )
+from rtserver.server.admission import predicted_first_heard_ms
 from rtserver.server.asgi import BodyTooLarge, HttpStream, Receive, Send, read_body, send_response
+from rtserver.server.gate import plan_first_chunks, reject_reason
 from rtserver.server.http import (
     HttpRequest,
     HttpResponse,
     authorized,
+    identify,
     json_response,
-    supplied_key,
 )
 from rtserver.server.state import AppState
 from rtserver.text.segmenter import Segment, Segmenter
@@ -193,9 +198,30 @@ class SpeechApi:
 
     def _refusal(self, request: HttpRequest) -> HttpResponse | None:
         if not authorized(self.app, request):
+            self.app.metrics.rejected.labels("unauthorized").inc()
             return openai_error(HTTPStatus.UNAUTHORIZED, "missing or wrong API key",
                                 "invalid_api_key")
         return None
+
+    def _admit(self, who: str, speech: SpeechRequest) -> None:
+        """The WebSocket's admission for a new context (``Gate.start``: draining,
+        the voice's breaker, the per-key context rate, the predicted first heard
+        audio), then its character rate; raises the refusal."""
+        now = self.clock()
+        gate = self.app.gate
+        stats = self.app.voice_stats[speech.voice]
+        info = self.app.voices[speech.voice].info
+        hints = self.app.config.hints
+
+        def predicted_ms() -> float:
+            chunks, cost = plan_first_chunks(info.chunk_plan_ms, info.chunk_cost_ms,
+                                             stats.audio_ms_per_char,
+                                             self.app.config.segmenter.limit)
+            rtf = stats.rtf_estimate(hints.percentile, now)
+            return predicted_first_heard_ms(rtf, chunks, hints.jitter_ms, cost_ms=cost)
+
+        gate.start(who, speech.voice, now, "http", predicted_ms)
+        gate.text(who, len(speech.input), now, "http")
 
     async def voices(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         refusal = self._refusal(request)
@@ -223,13 +249,12 @@ class SpeechApi:
         try:
             body = await read_body(receive, limit)
             speech = parse_speech_request(body, self.app)
-            if self.app.draining:
-                raise Overloaded("the server is draining", retry_after_ms=1000)
-            who = supplied_key(request) or request.client.rpartition(":")[0]
+            who = identify(self.app, request).key
             if self._open.get(who, 0) >= self.app.config.server.max_contexts:
                 raise TooManyContexts(
                     f"{self.app.config.server.max_contexts} requests of this client are being "
                     "spoken; wait for one to finish", retry_after_ms=1000)
+            self._admit(who, speech)
         except ConnectionError:
             return
         except BodyTooLarge as exc:
@@ -238,6 +263,9 @@ class SpeechApi:
             return
         except RtError as exc:
             self.app.metrics.errors.labels(exc.code.value).inc()
+            if exc.code in (ErrorCode.RATE_LIMITED, ErrorCode.OVERLOADED,
+                            ErrorCode.ENGINE_FAILED):
+                self.app.metrics.rejected.labels(reject_reason(exc)).inc()
             await send_response(send, error_response(exc, getattr(exc, "param", None)))
             return
         self._open[who] = self._open.get(who, 0) + 1

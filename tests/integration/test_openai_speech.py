@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 from collections.abc import Iterator
 
 import av
@@ -140,12 +141,16 @@ def test_bad_input_unknown_voice_and_too_long(server: ServerThread) -> None:
 
 def test_draining_is_503_with_retry_after(server: ServerThread) -> None:
     app = server.server.app  # type: ignore[union-attr]
-    server.call(lambda: setattr(app, "draining", True))
+    server.call(app.begin_drain)
+
+    def undrain() -> None:
+        app.draining = app.gate.draining = False
+
     try:
         status, err, headers = status_and_error(lambda: client_for(server).audio.speech.create(
             model="tts-1", voice="default", input=TEXT))
     finally:
-        server.call(lambda: setattr(app, "draining", False))
+        server.call(undrain)
     assert status == 503 and err["code"] == "overloaded"
     assert int(headers["retry-after"]) >= 1
 
@@ -165,23 +170,48 @@ def test_a_client_that_leaves_stops_the_speech(server: ServerThread) -> None:
 
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[ServerThread]:
-    srv = ServerThread.with_settings(server={"api_keys": "k1", "max_contexts": 1}).start()
+    # small send buffers, so a client that does not read holds its request open
+    srv = ServerThread.with_settings(server={"api_keys": "k1", "max_contexts": 1,
+                                             "socket_send_buffer": 16384},
+                                     admission={"contexts_per_minute": 2}).start()
     yield srv
     srv.stop()
 
 
-def test_api_keys_401_and_too_many_at_once_429(keyed: ServerThread) -> None:
+def hold_a_request(srv: ServerThread, key: str) -> socket.socket:
+    """A client that asks for long speech and reads nothing: the request stays open."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", srv.port))
+    body = json.dumps({"model": "tts-1", "voice": "default", "input": TEXT * 5,
+                       "response_format": "pcm"}).encode()
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+                 b"Authorization: Bearer " + key.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert sock.recv(12).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_api_keys_401_too_many_at_once_and_rate_limited_429(keyed: ServerThread) -> None:
     status, err, _ = status_and_error(lambda: client_for(keyed, "wrong").audio.speech.create(
         model="tts-1", voice="default", input=TEXT))
     assert status == 401 and err["code"] == "invalid_api_key"
     client = client_for(keyed, "k1")
-    with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice="default", input=TEXT * 5, response_format="pcm") as first:
-        next(first.iter_bytes())
+    held = hold_a_request(keyed, "k1")  # the per-minute budget: 1 of 2 used
+    try:
         status, err, headers = status_and_error(lambda: client.audio.speech.create(
             model="tts-1", voice="default", input=TEXT))
-    assert status == 429 and err["code"] == "too_many_contexts"
-    assert int(headers["retry-after"]) >= 1
+        assert status == 429 and err["code"] == "too_many_contexts"
+        assert int(headers["retry-after"]) >= 1
+    finally:
+        held.close()
+    import time
+    time.sleep(0.5)  # the server sees the client leave and ends its request
     with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice="default", input="Fine again.") as again:
+            model="tts-1", voice="default", input="Fine again.") as again:  # 2 of 2
         assert again.status_code == 200 and len(again.read()) > 1000
+    status, err, headers = status_and_error(lambda: client.audio.speech.create(
+        model="tts-1", voice="default", input="One more."))
+    assert status == 429 and err["code"] == "rate_limited"
+    assert int(headers["retry-after"]) >= 1
