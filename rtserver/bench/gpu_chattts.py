@@ -79,7 +79,8 @@ def selfcheck(args: argparse.Namespace) -> None:
     res = run(str(args.ckpt), device=args.device,
               dtype="bfloat16" if args.device.startswith("cuda") else "float32",
               batch=args.check_batch, steps=16, max_len=256,
-              graphs=args.device.startswith("cuda"), alone=not args.device.startswith("cuda"))
+              graphs=args.device.startswith("cuda"), alone=not args.device.startswith("cuda"),
+              compare_hf=True)
     text = json.dumps(res, indent=1)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

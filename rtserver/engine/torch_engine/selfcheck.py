@@ -38,8 +38,44 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def time_transformers(assets: Any, *, device: str, dtype: torch.dtype, batch: int,
+                      steps: int, prompt: int = 32) -> float:
+    """ms per decode step of transformers' ``LlamaModel`` with its ``DynamicCache``
+    on the same weights (the alternative to our forward), eager."""
+    from transformers import DynamicCache, LlamaConfig, LlamaModel
+
+    c = assets.config
+    fields: dict[str, Any] = {
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "num_hidden_layers": c.num_hidden_layers, "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
+        "vocab_size": 8}
+    hf = LlamaModel(LlamaConfig(**fields)).eval()
+    state = dict(assets.gpt)
+    state["embed_tokens.weight"] = torch.zeros(8, c.hidden_size)
+    hf.load_state_dict(state)
+    hf = hf.to(device=device, dtype=dtype)
+    cache = DynamicCache()
+    x = torch.randn(batch, prompt, c.hidden_size, device=device, dtype=dtype)
+    hf(inputs_embeds=x, past_key_values=cache, use_cache=True)
+    step = torch.randn(batch, 1, c.hidden_size, device=device, dtype=dtype)
+    dev = torch.device(device)
+    total = 0.0
+    for i in range(steps + 2):
+        _sync(dev)
+        t = time.monotonic()
+        hf(inputs_embeds=step, past_key_values=cache, use_cache=True,
+           cache_position=torch.tensor([prompt + i], device=device))
+        _sync(dev)
+        if i >= 2:  # two warm-up steps
+            total += time.monotonic() - t
+    return 1000 * total / steps
+
+
 def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
-        max_len: int, graphs: bool, alone: bool) -> dict[str, Any]:
+        max_len: int, graphs: bool, alone: bool, compare_hf: bool = False) -> dict[str, Any]:
     torch.set_grad_enabled(False)
     assets = load_lm_assets(asset_dir)
     cfg = assets.config
@@ -125,7 +161,23 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
         for dst, src in zip(_state(engine, model), after, strict=True):
             dst.copy_(src)
     n = steps * b * cfg.num_vq
+    hf_ms = fwd_ms = None
+    if compare_hf:
+        hf_ms = round(time_transformers(assets, device=device, dtype=dt, batch=b, steps=steps),
+                      3)
+        total = 0.0
+        for _ in range(steps):
+            _sync(dev)
+            t = time.monotonic()
+            model.decode(engine._codes_in[:b], engine._pos[:b], 256 if max_len >= 256
+                         else max_len)
+            _sync(dev)
+            total += time.monotonic() - t
+        fwd_ms = round(1000 * total / steps, 3)
     return {
+        # the forward alone, eager, same batch: ours vs transformers' LlamaModel
+        "forward_ms_per_step": {"ours_eager": fwd_ms, "transformers_llama": hf_ms}
+        if compare_hf else None,
         "device": str(dev), "dtype": dtype, "batch": b, "length_bucket": length,
         "steps": steps, "build_s": round(build_s, 2), "graphs": len(engine._graphs),
         "max_abs_diff_hidden": {k: v for k, v in worst_h.items()
@@ -149,10 +201,14 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--alone", action="store_true",
                    help="also run each row alone (batch invariance; slow on big batches)")
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also time transformers' LlamaModel + DynamicCache decode (the "
+                        "forward only; ours includes heads and sampling)")
     a = p.parse_args()
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     res = run(a.asset_dir, device=a.device, dtype=dtype, batch=a.batch, steps=a.steps,
-              max_len=a.max_len, graphs=a.device.startswith("cuda"), alone=a.alone)
+              max_len=a.max_len, graphs=a.device.startswith("cuda"), alone=a.alone,
+              compare_hf=a.compare_hf)
     print(json.dumps(res, indent=1))
 
 
