@@ -7,7 +7,7 @@ geometries: *eager* chunks grow from a small first one (TTFA), each
 ``growth`` times the last up to ``max_chunk_ms``; *bulk* chunks are
 ``max_chunk_ms`` from the start, for a sentence whose audio is not needed
 soon (every chunk boundary costs the decoder its context and lookahead
-again: on four sentences, eager decodes 1.29x the frames, bulk 1.10x;
+again: on four sentences, eager decodes 1.25x the frames, bulk 1.10x;
 ``python -m rtserver.voices.piper_measure costs``). Context and lookahead
 are the decoder's measured receptive field (``piper_graph.measure_decoder``:
 2582 samples for ``en_US-joe-medium``), so every seam equals the
@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob
 
 # The front's compute per frame of latent, relative to the decoder's, for the
-# hint's cost model: 0.33 measured on en_US-joe-medium on this 2-core CPU
-# (one thread, a 229-frame sentence: front 65 ms, decoder 198 ms;
-# ``python -m rtserver.voices.piper_measure costs``).
-FRONT_COST_RATIO = 0.33
+# hint's cost model: 0.48 measured on en_US-joe-medium on this 2-core CPU
+# (CPU time, one thread, four sentences, 2-D decoder: front with phonemizing
+# 0.027 s per audio s, decoder 0.056; ``python -m rtserver.voices.piper_measure
+# costs``).
+FRONT_COST_RATIO = 0.48
 
 
 @dataclass(frozen=True, slots=True)
