@@ -132,10 +132,13 @@ def test_speaker_string_round_trip() -> None:
     ("", "empty"),
     ("hello", "base16384|decompress"),
     ("__SHORT__", "holds 16 values"),
+    ("__LONG__", "more than the 768"),
 ])
 def test_bad_speaker_string(text: str, why: str) -> None:
     if text == "__SHORT__":
         text = encode_speaker(np.ones(16, np.float32))
+    elif text == "__LONG__":  # 100,000 values: refused without inflating them all
+        text = encode_speaker(np.zeros(100_000, np.float32))
     with pytest.raises(UnknownVoice, match=why):
         decode_speaker(text, 768)
 

@@ -49,9 +49,13 @@ def decode_speaker(text: str, dim: int) -> F32:
     except Exception as exc:  # the C decoder raises assorted types
         raise BadSpeaker(f"speaker string is not base16384: {exc}") from None
     try:
-        raw = lzma.decompress(packed, format=lzma.FORMAT_RAW, filters=_FILTERS)
+        # bounded: a string that inflates past one vector is refused, not expanded
+        dec = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_FILTERS)
+        raw = dec.decompress(packed, max_length=2 * dim + 1)
     except lzma.LZMAError as exc:
         raise BadSpeaker(f"speaker string does not decompress: {exc}") from None
+    if len(raw) > 2 * dim:
+        raise BadSpeaker(f"speaker string holds more than the {dim} values the model needs")
     if len(raw) != 2 * dim:
         raise BadSpeaker(f"speaker string holds {len(raw) // 2} values, the model "
                          f"needs {dim}")
