@@ -1,6 +1,7 @@
-"""Async client for rtserver's streaming protocol (PROTOCOL.md, version 1).
+"""rtserver's Python SDK: the async client of the streaming protocol (PROTOCOL.md, v1).
 
-The one client chatbot backends import (and the benchmark uses)::
+What chatbot backends import (and the benchmark, the Pipecat and LiveKit
+plugins use)::
 
     async with RtClient.connect("ws://127.0.0.1:8080/v1/stream") as client:
         ctx = await client.start(voice=None)          # waits for `started`
@@ -22,6 +23,21 @@ costs memory here instead of slowing the server (PROTOCOL.md, backpressure).
 
 The pure parts (``parse_server_message``, ``SeqTracker``, ``decode_frames``)
 do no I/O and are tested on their own.
+
+Helpers: ``send_tokens(ctx, tokens)`` pipes a token stream (sync or async)
+into a context and ends it; ``openai_text(stream)`` yields the text of an
+OpenAI-style chat completion stream; ``report_played(ctx, heard_ms)`` sends
+``played`` while the listener hears the audio; ``word_times`` places a
+segment's words within its audio; ``say_sync`` is the blocking one-liner::
+
+    reply = await llm.chat.completions.create(model=m, messages=msgs, stream=True)
+    async with RtClient.connect(url) as client:
+        ctx = await client.start(format="pcm_s16le", sample_rate=24000)
+        sender = asyncio.create_task(send_tokens(ctx, openai_text(reply)))
+        reporter = asyncio.create_task(report_played(ctx, lambda: player.heard_ms))
+        async for event in ctx.events():
+            if isinstance(event, AudioFrames):
+                player.play(event.frames)
 """
 
 from __future__ import annotations
