@@ -97,6 +97,11 @@ class PhraseCache:
     def nbytes(self) -> int:
         return self._bytes
 
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest phrase ``put`` stores (its share of the cache)."""
+        return self.max_bytes // MAX_ENTRY_SHARE
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -122,7 +127,7 @@ class PhraseCache:
         """Store a finished phrase, evicting the least recently used; False
         when it is larger than its share of the cache (not stored)."""
         cost = self.cost(key, phrase)
-        if not self.enabled or cost > self.max_bytes // MAX_ENTRY_SHARE:
+        if not self.enabled or cost > self.max_entry_bytes:
             return False
         old = self._items.pop(key, None)
         if old is not None:

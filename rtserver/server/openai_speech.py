@@ -314,9 +314,10 @@ class SpeechApi:
                 for chunk in cached.chunks:
                     await write(chunk)
                 return cached.audio_ms
-            chunks: list[bytes] = []
-            audio_ms = await self._synthesize(speech, segments, write, chunks)
-            self.cache.put(key, CachedPhrase(tuple(chunks), audio_ms))
+            chunks: list[bytes] | None = [] if self.cache.enabled else None
+            audio_ms, chunks = await self._synthesize(speech, segments, write, chunks)
+            if chunks is not None:  # all of it was kept: small enough to cache
+                self.cache.put(key, CachedPhrase(tuple(chunks), audio_ms))
             return audio_ms
 
         outcome = "failed"
@@ -355,28 +356,33 @@ class SpeechApi:
             self.app.metrics.contexts_total.labels(outcome).inc()
 
     async def _synthesize(self, speech: SpeechRequest, segments: list[Segment],
-                          write: Callable[[bytes], Awaitable[None]], keep: list[bytes]) -> float:
+                          write: Callable[[bytes], Awaitable[None]], keep: list[bytes] | None
+                          ) -> tuple[float, list[bytes] | None]:
         """Speak the segments in order: each voice chunk resampled to 24 kHz,
         tempo-changed when ``speed`` != 1, encoded and written. ``keep``
-        collects what was written (for the cache). Returns the audio's ms."""
+        collects what was written, for the cache, up to one entry's limit.
+        Returns the audio's ms and ``keep`` (None when it outgrew the limit)."""
         voice = self.app.voices[speech.voice]
         stats = self.app.voice_stats[speech.voice]
         encoder = make_encoder(speech.response_format, OPENAI_RATE)
         resampler = Resampler(voice.info.sample_rate, OPENAI_RATE)
         tempo = Tempo(OPENAI_RATE, speech.speed) if speech.speed != 1.0 else None
-        keep_limit = self.cache.max_bytes  # beyond this it cannot be cached anyway
+        keep_limit = self.cache.max_entry_bytes  # beyond this it cannot be cached anyway
         kept = 0
 
         async def emit(pcm: FloatArray, last: bool = False) -> None:
-            nonlocal kept
+            nonlocal kept, keep
             if tempo is not None:
                 pcm = tempo.push(pcm)
                 if last:
                     pcm = np.concatenate([pcm, tempo.flush()])
             data = encoder.push(pcm) + (encoder.finish() if last else b"")
-            if data and kept <= keep_limit:
-                keep.append(data)
+            if data and keep is not None:
                 kept += len(data)
+                if kept > keep_limit:
+                    keep = None  # too long to cache: stop holding a copy
+                else:
+                    keep.append(data)
             await write(data)
 
         samples = 0
@@ -407,7 +413,7 @@ class SpeechApi:
             await emit(resampler.flush(), last=True)
         finally:
             self.app.load.active -= 1
-        return 1000.0 * samples / voice.info.sample_rate / speech.speed
+        return 1000.0 * samples / voice.info.sample_rate / speech.speed, keep
 
 
 async def _quietly(aw: Any) -> None:

@@ -228,3 +228,21 @@ def until_not_busy(fn):  # type: ignore[no-untyped-def]
                     or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def test_a_phrase_too_long_for_the_cache_is_spoken_each_time() -> None:
+    # 0.05 MB: one entry may hold 12.8 kB; this mp3 is ~40 kB
+    srv = ServerThread.with_settings(cache={"max_mb": 0.05}).start()
+    try:
+        client = client_for(srv)
+        bodies = []
+        for _ in range(2):
+            with client.audio.speech.with_streaming_response.create(
+                    model="tts-1", voice="default", input=TEXT) as response:
+                bodies.append(response.read())
+        assert len(bodies[0]) > 20_000 and decode("mp3", bodies[1])[0].size > 0
+        assert metric(srv, "rtserver_phrase_cache_hits_total") == 0
+        assert metric(srv, "rtserver_phrase_cache_misses_total") == 2
+        assert metric(srv, "rtserver_phrase_cache_entries") == 0
+    finally:
+        srv.stop()
