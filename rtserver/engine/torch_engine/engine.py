@@ -138,6 +138,7 @@ class TorchCodeEngine:
         self._free: list[int] = []
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._text: TextLane | None = None
+        self._graph_samples = True  # the graphs hold the sampler too (else forward only)
         self._text_futs: dict[str, asyncio.Future[list[int]]] = {}
         # stats (written by the thread; read by the loop: plain ints, no locking needed)
         self.steps_total = 0
@@ -512,10 +513,16 @@ class TorchCodeEngine:
 
     def _step_rows(self, model: ChatLM, b: int, length: int) -> None:
         """One decode step of rows ``0..b-1`` on the state buffers (graph-safe)."""
-        hidden = model.decode(self._codes_in[:b], self._pos[:b], length)
+        self._forward_rows(model, b, length)
+        self._sample_rows(model, b)
+
+    def _forward_rows(self, model: ChatLM, b: int, length: int) -> None:
+        self._hidden_out[:b] = model.decode(self._codes_in[:b], self._pos[:b], length)
+
+    def _sample_rows(self, model: ChatLM, b: int) -> None:
+        hidden = self._hidden_out[:b]
         codes, bad = self._sample(model, hidden, slice(0, b))
         self._codes_out[:b] = codes
-        self._hidden_out[:b] = hidden
         self._bad[:b] = bad
         self._hist[:b] = torch.cat([self._hist[:b, :, 1:], codes[:, :, None]], dim=2)
         self._codes_in[:b] = codes
@@ -612,10 +619,12 @@ class TorchCodeEngine:
         lives = list(self._live.values())
         try:
             graph = self._graphs.get((b, length))
-            if graph is not None:
-                graph.replay()
-            else:
+            if graph is None:
                 self._step_rows(model, b, length)
+            else:
+                graph.replay()
+                if not self._graph_samples:  # graphs of the forward only
+                    self._sample_rows(model, b)
             codes = self._codes_out[:b].cpu().numpy()
             hidden = self._hidden_out[:b].cpu().numpy()
             bad = self._bad[:b].cpu().numpy()
@@ -662,9 +671,32 @@ class TorchCodeEngine:
     # --- CUDA graphs ---------------------------------------------------------------------
 
     def _capture_graphs(self, model: ChatLM) -> None:
-        """A graph per (batch bucket, length bucket); state buffers are reset after."""
+        """A graph per (batch bucket, length bucket) of the whole step; if the
+        sampler cannot be captured, graphs of the forward only (sampling eager);
+        if nothing can, eager steps. State buffers are reset after."""
+        for whole in (True, False):
+            try:
+                self._capture(model, whole)
+            except RuntimeError as exc:
+                log.warning("CUDA graph capture (%s) failed: %s",
+                            "step" if whole else "forward", exc)
+                self._graphs.clear()
+                torch.cuda.synchronize()
+                continue
+            self._graph_samples = whole
+            break
+        self._reset_state(model)  # forget what the warm-up wrote (in place: graphs hold them)
+
+    def _capture(self, model: ChatLM, whole: bool) -> None:
         batches = sorted({min(b, model.slots) for b in self.config.batch_buckets})
         lengths = sorted({min(n, model.max_len) for n in self.config.length_buckets})
+
+        def step(b: int, n: int) -> None:
+            if whole:
+                self._step_rows(model, b, n)
+            else:
+                self._forward_rows(model, b, n)
+
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -672,15 +704,14 @@ class TorchCodeEngine:
         with torch.cuda.stream(side):
             for b in batches:
                 for n in lengths:
-                    self._step_rows(model, b, n)  # warm kernels and allocator
+                    step(b, n)  # warm kernels and allocator
         torch.cuda.current_stream().wait_stream(side)
         for b in reversed(batches):  # largest first: later graphs reuse its pool
             for n in reversed(lengths):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self._step_rows(model, b, n)
+                    step(b, n)
                 self._graphs[(b, n)] = g
         torch.cuda.synchronize()
-        self._reset_state(model)  # forget what the warm-up wrote (in place: graphs hold them)
-        log.info("captured %d CUDA graphs in %.1f s", len(self._graphs),
-                 time.monotonic() - t0)
+        log.info("captured %d CUDA graphs of the %s in %.1f s", len(self._graphs),
+                 "step" if whole else "forward", time.monotonic() - t0)

@@ -134,6 +134,8 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
             _sync(dev)
             t = time.monotonic()
             graph.replay()
+            if not engine._graph_samples:
+                engine._sample_rows(model, b)
             _sync(dev)
             times["graph"] += time.monotonic() - t
             worst_h["graph_vs_eager"] = max(worst_h["graph_vs_eager"], float(
@@ -180,6 +182,7 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
         if compare_hf else None,
         "device": str(dev), "dtype": dtype, "batch": b, "length_bucket": length,
         "steps": steps, "build_s": round(build_s, 2), "graphs": len(engine._graphs),
+        "graphs_hold_sampler": engine._graph_samples if engine._graphs else None,
         "max_abs_diff_hidden": {k: v for k, v in worst_h.items()
                                 if (k == "graph_vs_eager" and graph is not None)
                                 or (k == "alone_vs_batched" and alone)},
