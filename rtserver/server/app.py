@@ -41,6 +41,7 @@ class RtServer:
         self._server: uvicorn.Server | None = None
         self._sock: socket.socket | None = None
         self._connections: set[Connection] = set()
+        self._speech: SpeechApi | None = None
         self._encode_pool: ThreadPoolExecutor | None = None
         self._process_metrics = ProcessMetrics()
 
@@ -87,7 +88,8 @@ class RtServer:
         s = self.config.server
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
-        asgi = RtAsgi(self.app, self._handle, {**SpeechApi(self.app, cache).handlers(),
+        self._speech = SpeechApi(self.app, cache)
+        asgi = RtAsgi(self.app, self._handle, {**self._speech.handlers(),
                                                **TokenApi(self.app).handlers()})
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
@@ -111,9 +113,9 @@ class RtServer:
             self._connections.discard(conn)
 
     async def drain(self) -> None:
-        """Drain: ``/ready`` answers 503 and new WebSockets are refused (the
-        listener stays up, so probes see why), open contexts finish, then every
-        connection closes with 1001."""
+        """Drain: ``/ready`` answers 503 and new WebSockets and speech requests
+        are refused (the listener stays up, so probes see why), open contexts
+        and speech responses finish, then every connection closes with 1001."""
         if self.app is None or self._server is None:
             await self._release()
             return
@@ -123,7 +125,8 @@ class RtServer:
             # processes on the port (connections already accepted stay open).
             self._stop_listening()
         deadline = asyncio.get_running_loop().time() + self.config.server.drain_timeout_s
-        while any(c.live for c in self._connections):
+        while (any(c.live for c in self._connections)
+               or (self._speech is not None and self._speech.in_flight)):
             if asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.05)

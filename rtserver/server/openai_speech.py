@@ -192,6 +192,11 @@ class SpeechApi:
         # ``max_contexts``, the WebSocket's limit per connection
         self._open: dict[str, int] = {}
 
+    @property
+    def in_flight(self) -> int:
+        """Speech responses being sent now (a drain waits for them)."""
+        return sum(self._open.values())
+
     def handlers(self) -> dict[tuple[str, str], Any]:
         return {("POST", SPEECH_PATH): self.speech, ("GET", VOICES_PATH): self.voices,
                 ("GET", MODELS_PATH): self.models}

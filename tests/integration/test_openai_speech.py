@@ -185,8 +185,8 @@ def hold_a_request(srv: ServerThread, key: str) -> socket.socket:
     sock.connect(("127.0.0.1", srv.port))
     body = json.dumps({"model": "tts-1", "voice": "default", "input": TEXT * 5,
                        "response_format": "pcm"}).encode()
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
-                 b"Authorization: Bearer " + key.encode() + b"\r\n"
+    auth = b"Authorization: Bearer " + key.encode() + b"\r\n" if key else b""
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n" + auth +
                  b"Content-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert sock.recv(12).startswith(b"HTTP/1.1 200")
@@ -244,5 +244,32 @@ def test_a_phrase_too_long_for_the_cache_is_spoken_each_time() -> None:
         assert metric(srv, "rtserver_phrase_cache_hits_total") == 0
         assert metric(srv, "rtserver_phrase_cache_misses_total") == 2
         assert metric(srv, "rtserver_phrase_cache_entries") == 0
+    finally:
+        srv.stop()
+
+
+def test_a_drain_lets_a_speech_response_finish() -> None:
+    """A client that reads slower than real time keeps its response open past
+    uvicorn's 5 s shutdown grace; the drain waits for it (drain_timeout_s)."""
+    import asyncio
+    import time
+
+    srv = ServerThread.with_settings(server={"socket_send_buffer": 16384,
+                                             "drain_timeout_s": 60}).start()
+    try:
+        sock = hold_a_request(srv, "")  # ~14 s of 24 kHz PCM, read nothing yet
+        assert srv._loop is not None and srv.server is not None
+        future = asyncio.run_coroutine_threadsafe(srv.server.drain(), srv._loop)
+        data = b""
+        t0 = time.monotonic()
+        while chunk := sock.recv(8192):
+            data += chunk
+            time.sleep(0.05)  # ~160 kB/s of reading
+        took = time.monotonic() - t0
+        sock.close()
+        assert data.endswith(b"0\r\n\r\n")  # the whole chunked body, then its end
+        assert len(data) > 10 * 48000  # over 10 s of speech
+        assert took > 5.5  # it was open longer than uvicorn's own grace
+        future.result(30)
     finally:
         srv.stop()
