@@ -10,6 +10,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
+from rtserver.client import RtClientError
 from rtserver.config import Config, load_config
 from rtserver.errors import ConfigError, RtError
 
@@ -64,15 +65,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_say(args: argparse.Namespace) -> int:
-    """One-shot synthesis through the same pipeline as the server, to a WAV file."""
-    from rtserver.oneshot import synthesize_to_pcm
+    """One utterance to a WAV file: through the speech core in this process, or
+    through a running server with ``--url``."""
+    from rtserver.oneshot import speak_in_process, speak_through_server
 
-    config = _config(args)
-    _setup_logging(config.server.log_level or "warning")
     text = args.text if args.text != "-" else sys.stdin.read()
-    result = _run(synthesize_to_pcm(config, text, sample_rate=args.sample_rate,
-                                    progress=lambda m: print(f"rtserver: {m}",
-                                                             file=sys.stderr)))
+    if args.url:
+        _setup_logging(args.log_level or "warning")
+        result = _run(speak_through_server(args.url, text, sample_rate=args.sample_rate,
+                                           voice=args.voice, token=args.token))
+    else:
+        config = _config(args)
+        _setup_logging(args.log_level or "warning")
+        result = _run(speak_in_process(config, text, sample_rate=args.sample_rate,
+                                       progress=lambda m: print(f"rtserver: {m}",
+                                                                file=sys.stderr)))
     out = Path(args.output)
     with wave.open(str(out), "wb") as w:
         w.setnchannels(1)
@@ -121,9 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "for one per visible GPU (default 1)")
     p.add_argument("--reuse-port", action="store_true",
                    help="bind with SO_REUSEPORT, to share the port with other processes")
-    p = sub.add_parser("say", help="synthesize text to a WAV file through the pipeline")
+    p = sub.add_parser("say", help="speak text to a WAV file (in process, or through a "
+                       "running server with --url)")
     _add_common(p)
     p.add_argument("text", help="text to speak ('-' reads standard input)")
+    p.add_argument("--url", help="speak through the server at ws://HOST:PORT/v1/stream "
+                   "(default: load the voices and speak in this process)")
+    p.add_argument("--token", help="API key for --url")
     p.add_argument("-o", "--output", required=True, help="WAV file to write")
     p.add_argument("--sample-rate", type=int, default=24000,
                    choices=[8000, 12000, 16000, 24000, 48000])
@@ -150,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RtError as exc:
         print(f"rtserver: {exc.code.value}: {exc.message}", file=sys.stderr)
+        return 1
+    except (RtClientError, OSError) as exc:  # say --url: the server is not there
+        print(f"rtserver: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

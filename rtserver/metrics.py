@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 TTFA_BUCKETS_MS = (10, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 500, 1000, 2000, 5000)
 # Parts of TTFA, ms: most are a few ms, the model's part tens.
 STAGE_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 30, 40, 50, 60, 80, 100, 150, 200, 500, 1000)
-# Where a context's first audio spends its time, in order (pipeline.py):
+# Where a context's first audio spends its time, in order (rtserver/core/context.py):
 FIRST_AUDIO_STAGES = (
     "segmenter",  # the fragment that completed the first segment -> the segment cut
     "queue",  # cut -> its synthesis starts

@@ -1,24 +1,25 @@
-"""``rtserver say``: one utterance through the whole server pipeline.
+"""``rtserver say``: one utterance to 16-bit PCM.
 
-Starts the server in-process on an ephemeral loopback port, streams the text
-over the real protocol (PCM format, so nothing is lost to the codec) and
-collects the audio. Slower to start than a bare voice call, but it is exactly
-what a client of the server hears.
+In process (``speak_in_process``): the configured voices are loaded and the
+text runs through the speech core (segmenter, voice, resampler, framer), as a
+server's context would, with no server and no socket. Through a running
+server (``speak_through_server``): the same utterance over the WebSocket
+protocol with the project's client. Both ask for ``pcm_s16le``, so nothing
+is lost to a codec.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from websockets.asyncio.client import connect
-
 from rtserver.config import Config
+from rtserver.core import AudioFrames, SpeechCore, speak
 from rtserver.errors import EngineFailed
-from rtserver.protocol.wire import decode_audio_message
-from rtserver.server.app import RtServer
+from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, SegmentStarted, Start
+from rtserver.voices.registry import load_voices
+
+TEXT_STEP = 4000  # characters per message to a server: under any max_message_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,43 +31,60 @@ class OneShotResult:
     ttfa_ms: float | None
 
 
-async def synthesize_to_pcm(config: Config, text: str, *, sample_rate: int = 24000,
-                            progress: Callable[[str], None] | None = None) -> OneShotResult:
-    server_cfg = dataclasses.replace(config.server, host="127.0.0.1", port=0,
-                                     api_keys=(), max_text_chars=max(len(text),
-                                                                     config.server.max_text_chars))
-    server = RtServer(dataclasses.replace(config, server=server_cfg))
-    await server.start(progress=progress)
+async def speak_in_process(config: Config, text: str, *, sample_rate: int = 24000,
+                           voice: str | None = None,
+                           progress: Callable[[str], None] | None = None) -> OneShotResult:
+    """Load the configured voices and speak ``text`` through the core."""
+    say = progress or (lambda m: None)
+    voices = await load_voices(config.voice, config.families, progress=say)
     try:
-        url = f"ws://127.0.0.1:{server.port}/v1/stream"
-        async with connect(url, compression=None, max_size=None) as ws:
-            ready = json.loads(await ws.recv())
-            assert ready["type"] == "ready"
-            await ws.send(json.dumps({"type": "start", "context": "say",
-                                      "format": "pcm_s16le", "sample_rate": sample_rate}))
-            step = 4000  # stay under max_message_bytes for any text
-            for i in range(0, len(text), step):
-                await ws.send(json.dumps({"type": "text", "context": "say",
-                                          "text": text[i:i + step]}))
-            await ws.send(json.dumps({"type": "end", "context": "say"}))
-            pcm = bytearray()
-            segments: list[str] = []
-            voice = ""
-            async for message in ws:
-                if isinstance(message, bytes):
-                    for frame in decode_audio_message(message).frames:
-                        pcm.extend(frame)
-                    continue
-                msg = json.loads(message)
-                if msg["type"] == "started":
-                    voice = msg.get("voice", "")
-                elif msg["type"] == "segment":
-                    segments.append(msg["text"])
-                elif msg["type"] == "error":
-                    raise EngineFailed(f"{msg['code']}: {msg['message']}")
-                elif msg["type"] == "done":
-                    return OneShotResult(bytes(pcm), float(msg["audio_ms"]), tuple(segments),
-                                         voice, msg.get("ttfa_ms"))
-        raise EngineFailed("the server closed before the utterance was done")
+        core = SpeechCore(voices.voices, segmenter_config=config.segmenter,
+                          hint_config=config.hints, opus_config=config.opus)
+        start = Start(context="say", voice=voice, format="pcm_s16le", sample_rate=sample_rate)
+        pcm = bytearray()
+        segments: list[str] = []
+        async with speak(core, start) as stream:
+            name = stream.context.voice.info.name
+            stream.feed(text)
+            stream.end()
+            async for event in stream.events():
+                if isinstance(event, AudioFrames):
+                    for frame in event.frames:
+                        pcm += frame
+                elif isinstance(event, SegmentStarted):
+                    segments.append(event.text)
+                elif isinstance(event, ErrorMessage):
+                    raise EngineFailed(f"{event.code}: {event.message}")
+                elif isinstance(event, Done):
+                    return OneShotResult(bytes(pcm), event.audio_ms, tuple(segments), name,
+                                         event.ttfa_ms)
+                elif isinstance(event, Cancelled):
+                    break
+        raise EngineFailed("the context ended without done")
     finally:
-        await server.close()
+        await voices.close()
+
+
+async def speak_through_server(url: str, text: str, *, sample_rate: int = 24000,
+                               voice: str | None = None, token: str | None = None
+                               ) -> OneShotResult:
+    """Speak ``text`` on the server at ``url`` (``ws://HOST:PORT/v1/stream``)."""
+    from rtserver.client import RtClient
+
+    async with RtClient.connect(url, token=token) as client:
+        ctx = await client.start("say", voice=voice, format="pcm_s16le",
+                                 sample_rate=sample_rate)
+        for i in range(0, len(text), TEXT_STEP):
+            await ctx.send_text(text[i:i + TEXT_STEP])
+        await ctx.end()
+        result = await ctx.collect(decode=False)
+    if result.failure is not None:
+        raise EngineFailed(f"the server connection failed: {result.failure}")
+    if result.error is not None:
+        raise EngineFailed(f"{result.error.code}: {result.error.message}")
+    if result.done is None:
+        raise EngineFailed("the server ended the context without done")
+    pcm = b"".join(f for m in result.frames for f in m.frames)
+    segments = tuple(seg.text for _, seg in result.times.segments)
+    return OneShotResult(pcm, float(result.done.audio_ms), segments, result.started.voice,
+                         result.done.ttfa_ms)

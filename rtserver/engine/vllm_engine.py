@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,6 +41,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
+from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
     CyclicTokenMask,
     EngineStats,
@@ -255,8 +255,9 @@ class VllmEngine:
     engine-core process with ``spawn`` on the CPU.
     """
 
-    def __init__(self, config: VllmEngineConfig) -> None:
+    def __init__(self, config: VllmEngineConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
+        self._clock = clock  # times to the first, 7th and 28th token
         self._llm: AsyncLLM | None = None
         self._live = _LiveStats()
         self._open: set[str] = set()
@@ -381,7 +382,8 @@ class VllmEngine:
         live = self._live
         live.requests += 1
         self._open.add(rid)
-        started = time.monotonic()
+        now = self._clock.now
+        started = now()
         first = True
         count = 0  # tokens so far, for the time to 7 and to 28 tokens
         finished = False
@@ -396,12 +398,12 @@ class VllmEngine:
                     if ids:
                         if first:
                             first = False
-                            live.ttft.observe(time.monotonic() - started)
+                            live.ttft.observe(now() - started)
                         before, count = count, count + len(ids)
                         if before < 7 <= count:
-                            live.t7.observe(time.monotonic() - started)
+                            live.t7.observe(now() - started)
                         if before < 28 <= count:
-                            live.t28.observe(time.monotonic() - started)
+                            live.t28.observe(now() - started)
                         yield ids
                     if completion is not None and completion.finish_reason == "abort":
                         live.aborted += 1

@@ -2,7 +2,7 @@
 
 It validates every client message against the protocol and the limits, owns
 the table of contexts, and answers with *actions* for the I/O shell to carry
-out: reply with a message, open/feed/flush/end/cancel a context pipeline, or
+out: reply with a message, open/feed/flush/end/cancel a context (the core speaks it), or
 close the connection. It never touches sockets, tasks or clocks.
 
 Context life: ``open`` (after ``start``) -> ``ending`` (after ``end``) ->

@@ -124,10 +124,11 @@ class RtServer:
             # Stop accepting: the kernel routes new connections to the other
             # processes on the port (connections already accepted stay open).
             self._stop_listening()
-        deadline = asyncio.get_running_loop().time() + self.config.server.drain_timeout_s
+        clock = self.app.clock
+        deadline = clock.now() + self.config.server.drain_timeout_s
         while (any(c.live for c in self._connections)
                or (self._speech is not None and self._speech.in_flight)):
-            if asyncio.get_running_loop().time() > deadline:
+            if clock.now() > deadline:
                 break
             await asyncio.sleep(0.05)
         await self._shut()

@@ -1,6 +1,8 @@
-"""One WebSocket connection: a reader, a writer and the contexts' pipelines,
-all in one task group. The protocol decisions are the sans-I/O ``Session``'s;
-this shell carries out its actions.
+"""One WebSocket connection: a reader, a writer and the contexts, all in one
+task group. The protocol decisions are the sans-I/O ``Session``'s, the
+speech is the core's (``rtserver.core``: each context writes into this
+connection's ``Outbox``, its sink); this shell carries out the session's
+actions and moves bytes through a ``WsTransport``.
 """
 
 from __future__ import annotations
@@ -8,21 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from dataclasses import dataclass
 
 from websockets.exceptions import ConnectionClosed
 
-from rtserver.errors import CloseCode, EngineFailed, InternalError, Overloaded, RtError
-from rtserver.pipeline import ContextPipeline
-from rtserver.protocol.messages import (
-    Cancelled,
-    Done,
-    ErrorMessage,
-    ServerMessage,
-    Started,
-    encode_server_message,
-)
+from rtserver.core import AudioFrames, Finished, SpeechContext
+from rtserver.errors import CloseCode, Overloaded, RtError
+from rtserver.protocol.messages import ErrorMessage, ServerMessage, Started, encode_server_message
 from rtserver.protocol.session import (
     CancelContext,
     CloseConnection,
@@ -37,20 +30,13 @@ from rtserver.protocol.session import (
     error_message,
 )
 from rtserver.protocol.wire import encode_audio_message
-from rtserver.server.outbox import AudioItem, ContextLedger, ControlItem, DeferredItem, Outbox
+from rtserver.server.outbox import ControlItem, Outbox
 from rtserver.server.state import AppState
 from rtserver.server.transport import WsTransport
 
 log = logging.getLogger("rtserver.connection")
 
 MAX_FRAMES_PER_MESSAGE = 50  # 1 s of 20 ms frames: bounded message size, few syscalls
-
-
-@dataclass(slots=True)
-class _Live:
-    pipeline: ContextPipeline
-    task: asyncio.Task[None]
-    heard_ms: float = 0.0
 
 
 class Connection:
@@ -63,7 +49,8 @@ class Connection:
             voices=app.voices.keys(), default_voice=app.default_voice,
             voice_aliases=app.voice_aliases, families=app.families)
         self.outbox = Outbox(capacity_ms=cfg.send_queue_ms)
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, SpeechContext] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._group: asyncio.TaskGroup | None = None
 
     async def run(self) -> None:
@@ -78,8 +65,8 @@ class Connection:
                 writer = group.create_task(self._writer(), name="writer")
                 await self._reader()
                 writer.cancel()
-                for live in list(self.live.values()):
-                    live.task.cancel()
+                for task in self._tasks:
+                    task.cancel()
         except* Overloaded as eg:
             err = eg.exceptions[0]
             assert isinstance(err, RtError)
@@ -90,14 +77,13 @@ class Connection:
                     await self.ws.send(encode_server_message(error_message(err)))
         except* _Closing as eg:
             close = eg.exceptions[0].args[0]
-        except* ConnectionClosed:
+        except* (ConnectionClosed, ConnectionError):
             pass
         finally:
             self.outbox.close()
-            for live in self.live.values():
-                live.task.cancel()
             metrics.connections.dec()
-            self.app.load.active -= len(self.live)
+            for ctx in self.live.values():
+                ctx.release()
             self.live.clear()
         if close is not None:
             await self.ws.close(close.code, close.reason)
@@ -121,17 +107,17 @@ class Connection:
         elif isinstance(action, OpenContext):
             self._open(action)
         elif isinstance(action, FeedText):
-            self.live[action.context].pipeline.feed(action.text)
+            self.live[action.context].feed(action.text)
         elif isinstance(action, FlushContext):
-            self.live[action.context].pipeline.flush()
+            self.live[action.context].flush()
         elif isinstance(action, EndContext):
-            self.live[action.context].pipeline.end()
+            self.live[action.context].end()
         elif isinstance(action, CancelContext):
             await self._cancel(action.context)
         elif isinstance(action, ListenerProgress):
-            live = self.live.get(action.context)
-            if live is not None:
-                live.heard_ms = action.audio_ms
+            ctx = self.live.get(action.context)
+            if ctx is not None:
+                ctx.heard_ms = action.audio_ms
         elif isinstance(action, CloseConnection):
             raise _Closing(action)
 
@@ -142,106 +128,68 @@ class Connection:
 
     def _open(self, action: OpenContext) -> None:
         start = action.start
-        voice = self.app.voices[action.voice]
-        ledger = ContextLedger(context=start.context, stream=action.stream,
-                               frame_ms=start.frame_ms, voice=voice.info.name)
-        cfg = self.app.config
-        pipeline = ContextPipeline(
-            context=start.context, start=start, voice=voice, ledger=ledger,
-            outbox=self.outbox, voice_stats=self.app.voice_stats[action.voice],
-            segmenter_config=cfg.segmenter, hint_config=cfg.hints, opus_config=cfg.opus,
-            metrics=self.app.metrics, encode_pool=self.app.encode_pool)
-        framer = pipeline.make_framer()
+        try:
+            ctx = self.app.core.open(start, self.outbox, stream=action.stream,
+                                     voice=action.voice)
+        except RtError as err:  # the session checked the options; the core agrees
+            self.session.context_finished(start.context, -1)
+            self._reply(error_message(err))
+            return
         self.outbox.put_control(Started(
             context=start.context, stream=action.stream, format=start.format,
             sample_rate=start.sample_rate, frame_ms=start.frame_ms,
-            pre_skip=framer.pre_skip, voice=voice.info.name), start.context)
+            pre_skip=ctx.framer.pre_skip, voice=ctx.voice.info.name), start.context)
+        self.live[start.context] = ctx
         assert self._group is not None
-        task = self._group.create_task(self._run_context(pipeline), name=f"ctx:{start.context}")
-        self.live[start.context] = _Live(pipeline, task)
-        self.app.load.active += 1
+        task = self._group.create_task(self._run_context(ctx), name=f"ctx:{start.context}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _run_context(self, pipeline: ContextPipeline) -> None:
-        ctx = pipeline.context
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(pipeline.segment_loop())
-                group.create_task(pipeline.speak_loop())
-        except* RtError as eg:
-            err = eg.exceptions[0]
-            assert isinstance(err, RtError)
-            err.context = ctx
-            log.warning("context failed: %s (%s)", err.message, err.code.value)
-            self._finish(ctx, "failed")
-            self._reply(error_message(err), None)
-        except* ConnectionError:
-            pass  # the connection is closing; nothing more to say
-        except* Exception as eg:
-            log.exception("context crashed", exc_info=eg.exceptions[0])
-            self._finish(ctx, "failed")
-            self._reply(error_message(InternalError("internal error", context=ctx)))
+    async def _run_context(self, ctx: SpeechContext) -> None:
+        if await ctx.run() == "failed":
+            self._finished(ctx.context)
 
-    async def _cancel(self, ctx: str) -> None:
-        live = self.live.get(ctx)
-        if live is None:
+    async def _cancel(self, context: str) -> None:
+        ctx = self.live.get(context)
+        if ctx is None:
             return
-        live.task.cancel()
-        await asyncio.wait([live.task])
-        self.outbox.purge(ctx)
-        ledger = live.pipeline.ledger
-        ledger.fenced = True
-        self._finish(ctx, "cancelled")
-        self.outbox.put_control(Cancelled(context=ctx, last_seq=ledger.last_sent_seq),
-                                urgent=True)
+        await ctx.cancel()
+        self._finished(context)
 
-    def _finish(self, ctx: str, outcome: str) -> None:
-        live = self.live.pop(ctx, None)
-        if live is None:
-            return
-        pipe = live.pipeline
-        self.session.context_finished(ctx, pipe.ledger.last_sent_seq)
-        self.app.load.active -= 1
-        metrics = self.app.metrics
-        metrics.contexts_total.labels(outcome).inc()
-        audio_ms = pipe.ledger.next_seq * pipe.start.frame_ms
-        ttfa = pipe.ttfa_ms()
-        if ttfa is not None and outcome == "done":
-            metrics.ttfa_ms.labels(pipe.voice.info.name).observe(ttfa)
-        log.info("context %s voice=%s chars=%d audio_ms=%d ttfa_ms=%s rtf=%.3f heard_ms=%.0f",
-                 outcome, pipe.voice.info.name, pipe.chars_in, audio_ms,
-                 "-" if ttfa is None else f"{ttfa:.1f}",
-                 pipe.voice_stats.rtf.percentile(0.5), live.heard_ms)
+    def _finished(self, context: str) -> None:
+        """The context is over (done sent, failed or cancelled): free its name."""
+        ctx = self.live.pop(context, None)
+        if ctx is not None:
+            self.session.context_finished(context, ctx.ledger.last_sent_seq)
 
     # --- writing ---------------------------------------------------------------
 
     async def _writer(self) -> None:
         overload_s = self.app.config.server.overload_after_s
         metrics = self.app.metrics
+        outbox = self.outbox
+        send = self.ws.send
         while True:
-            item = await self.outbox.get_batch(MAX_FRAMES_PER_MESSAGE)
+            item = await outbox.get_batch(MAX_FRAMES_PER_MESSAGE)
             data: str | bytes
-            if isinstance(item, AudioItem):
+            if isinstance(item, AudioFrames):
                 ledger = item.ledger
                 if ledger.fenced:
                     continue
                 data = encode_audio_message(ledger.stream, item.seq, item.frames,
                                             last=item.last, segment_start=item.segment_start)
-                ledger.last_sent_seq = item.seq + len(item.frames) - 1
-                if ledger.first_sent_at is None:
-                    ledger.first_sent_at = time.monotonic()
+                ledger.delivered(item.seq + len(item.frames) - 1)
                 metrics.audio_seconds.labels(ledger.voice).inc(item.audio_ms / 1000.0)
-                metrics.queue_ms.observe(self.outbox.queued_ms)
+                metrics.queue_ms.observe(outbox.queued_ms)
             elif isinstance(item, ControlItem):
                 data = encode_server_message(item.message)
             else:
-                assert isinstance(item, DeferredItem)
-                message = item.build()
-                if isinstance(message, Done):
-                    self._finish(item.context, "done")
-                data = encode_server_message(message)
+                assert isinstance(item, Finished)
+                data = encode_server_message(item.done())
+                self._finished(item.context)
             try:
                 async with asyncio.timeout(overload_s):
-                    await self.ws.send(data)
+                    await send(data)
             except TimeoutError:
                 raise Overloaded(
                     f"the client read nothing for {overload_s:g} s; closing") from None
@@ -251,4 +199,4 @@ class _Closing(Exception):
     """Raised inside the task group to close the connection with a code."""
 
 
-__all__ = ["Connection", "EngineFailed"]
+__all__ = ["Connection"]

@@ -6,7 +6,7 @@ gone for good, and ``on_dead`` is called once). The core never knows."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.errors import EngineDead
@@ -36,7 +36,7 @@ class GuardedVoice:
     async def close(self) -> None:
         await self.inner.close()
 
-    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+    async def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
         """The inner voice's chunks; a synthesis that ends is a success, one
         that raises a failure; one stopped by its consumer is neither."""
         name = self.inner.info.name

@@ -1,51 +1,24 @@
-"""The bounded, per-connection send queue and its ordering rules.
+"""The bounded, per-connection send queue: the WebSocket's ``Sink``.
 
-Producers (context pipelines) put control messages and audio frames; one
-writer task drains it into the WebSocket. Capacity is counted in audio
-milliseconds: a producer that finds the queue full waits (backpressure), so a
-slow reader slows only its own connection's contexts.
+The connection's contexts put their events (``rtserver.core.events``) and its
+own control messages; one writer task drains it into the socket. Capacity is
+counted in audio milliseconds: a producer that finds the queue full waits
+(backpressure), so a slow reader slows only its own connection's contexts.
 
-Cancel fencing happens here: ``purge(context)`` drops that context's unsent
-frames, and the writer's record of the last seq it handed to the socket is the
-``last_seq`` of ``cancelled``. Nothing of a context is ever queued after its
-fence, because its producer is stopped before the purge.
+``fence(context)`` drops that context's unsent events; the writer records on
+the context's ``Ledger`` the last seq it handed to the socket, which is the
+``last_seq`` of ``cancelled``. Nothing of a context is queued after its fence,
+because the core stops its producer before fencing.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rtserver.core.events import AudioFrames, ControlEvent, Finished
 from rtserver.protocol.messages import ServerMessage
-
-
-@dataclass(slots=True)
-class ContextLedger:
-    """What the writer has sent for one context (read by the pipeline)."""
-
-    context: str
-    stream: int
-    frame_ms: int
-    voice: str = ""
-    next_seq: int = 0  # next seq to assign (producer side)
-    last_sent_seq: int = -1  # highest seq handed to the socket
-    first_sent_at: float | None = None  # loop time the first frame was sent
-    fenced: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class AudioItem:
-    ledger: ContextLedger
-    seq: int
-    frames: tuple[bytes, ...]
-    segment_start: bool
-    last: bool
-
-    @property
-    def audio_ms(self) -> int:
-        return len(self.frames) * self.ledger.frame_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +27,7 @@ class ControlItem:
     context: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class DeferredItem:
-    """A message built at send time (``done`` needs the first frame's send time)."""
-
-    build: Callable[[], ServerMessage]
-    context: str
-
-
-Item = AudioItem | ControlItem | DeferredItem
+Item = AudioFrames | ControlItem | Finished
 
 
 @dataclass(slots=True)
@@ -84,6 +49,31 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
+    # --- the Sink ----------------------------------------------------------------
+
+    def control(self, event: ControlEvent, *, urgent: bool = False) -> None:
+        self.put_control(event, event.context, urgent=urgent)
+
+    async def audio(self, event: AudioFrames) -> None:
+        """Queue frames, waiting while the queue is full."""
+        while self._queued_ms >= self.capacity_ms and not self.closed:
+            self._space.clear()
+            await self._space.wait()
+        if self.closed:
+            raise ConnectionError("connection closed")
+        self._items.append(event)
+        self._queued_ms += event.audio_ms
+        self._nonempty.set()
+
+    def finish(self, event: Finished) -> None:
+        self._items.append(event)
+        self._nonempty.set()
+
+    def fence(self, context: str) -> None:
+        self.purge(context)
+
+    # --- the connection's side -----------------------------------------------------
+
     def put_control(self, message: ServerMessage, context: str | None = None, *,
                     urgent: bool = False) -> None:
         """Control messages are small and never wait; ``urgent`` jumps the queue."""
@@ -94,35 +84,15 @@ class Outbox:
             self._items.append(item)
         self._nonempty.set()
 
-    def put_deferred(self, build: Callable[[], ServerMessage], context: str) -> None:
-        self._items.append(DeferredItem(build, context))
-        self._nonempty.set()
-
-    async def put_audio(self, ledger: ContextLedger, frames: list[bytes], *,
-                        segment_start: bool, last: bool) -> int:
-        """Queue frames (waiting while the queue is full); return the first seq."""
-        while self._queued_ms >= self.capacity_ms and not self.closed:
-            self._space.clear()
-            await self._space.wait()
-        if self.closed:
-            raise ConnectionError("connection closed")
-        seq = ledger.next_seq
-        ledger.next_seq += len(frames)
-        item = AudioItem(ledger, seq, tuple(frames), segment_start, last)
-        self._items.append(item)
-        self._queued_ms += item.audio_ms
-        self._nonempty.set()
-        return seq
-
     def purge(self, context: str) -> int:
         """Drop the context's queued items; return how many frames were dropped."""
         kept: deque[Item] = deque()
         dropped = 0
         for item in self._items:
-            if isinstance(item, AudioItem) and item.ledger.context == context:
+            if isinstance(item, AudioFrames) and item.ledger.context == context:
                 dropped += len(item.frames)
                 self._queued_ms -= item.audio_ms
-            elif isinstance(item, (ControlItem, DeferredItem)) and item.context == context:
+            elif isinstance(item, (ControlItem, Finished)) and item.context == context:
                 continue
             else:
                 kept.append(item)
@@ -141,23 +111,27 @@ class Outbox:
             self._nonempty.clear()
             await self._nonempty.wait()
         item = self._items.popleft()
-        if isinstance(item, AudioItem):
+        if isinstance(item, AudioFrames):
             self._queued_ms -= item.audio_ms
-            frames = list(item.frames)
-            last = item.last
-            while (not last and self._items and len(frames) < max_frames):
-                nxt = self._items[0]
-                if not (isinstance(nxt, AudioItem) and nxt.ledger is item.ledger
-                        and not nxt.segment_start and nxt.seq == item.seq + len(frames)
-                        and len(frames) + len(nxt.frames) <= max_frames):
-                    break
-                self._items.popleft()
-                self._queued_ms -= nxt.audio_ms
-                frames.extend(nxt.frames)
-                last = nxt.last
+            if (not item.last and self._items and len(item.frames) < max_frames
+                    and isinstance(self._items[0], AudioFrames)):
+                frames = list(item.frames)
+                last: bool = item.last
+                while not last and self._items and len(frames) < max_frames:
+                    nxt = self._items[0]
+                    if not (isinstance(nxt, AudioFrames) and nxt.ledger is item.ledger
+                            and not nxt.segment_start and nxt.seq == item.seq + len(frames)
+                            and len(frames) + len(nxt.frames) <= max_frames):
+                        break
+                    self._items.popleft()
+                    self._queued_ms -= nxt.audio_ms
+                    frames.extend(nxt.frames)
+                    last = nxt.last
+                if len(frames) > len(item.frames):
+                    item = AudioFrames(item.ledger, item.seq, tuple(frames),
+                                       item.segment_start, last)
             if self._queued_ms < self.capacity_ms:
                 self._space.set()
-            item = AudioItem(item.ledger, item.seq, tuple(frames), item.segment_start, last)
         return item
 
     def close(self) -> None:

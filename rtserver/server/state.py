@@ -1,19 +1,18 @@
-"""What every connection of one server shares: config, voices, metrics."""
+"""What every connection of one server shares: config, the speech core, metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from rtserver import __version__
+from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.config import Config
+from rtserver.core import ServerLoad, SpeechCore, VoiceStats
 from rtserver.metrics import Metrics
-from rtserver.pacing.rates import LiveRates, RtfTracker
-from rtserver.pipeline import ServerLoad, VoiceStats
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.server.gate import Gate
 from rtserver.server.guarded import GuardedVoice
@@ -30,12 +29,11 @@ class AppState:
     voices: dict[str, Voice]
     default_voice: str
     metrics: Metrics = field(default_factory=Metrics)
-    voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
     voice_aliases: dict[str, str] = field(default_factory=dict)
     families: tuple[str, ...] = field(default_factory=lambda: tuple(families()))
-    load: ServerLoad = field(default_factory=ServerLoad)  # contexts running, all voices
     # Opus encoding of many streams runs here, off the event loop
     encode_pool: Executor | None = None
+    clock: Clock = SYSTEM_CLOCK
     ready: bool = False
     draining: bool = False
     connections: int = 0  # WebSockets admitted at the handshake and not yet ended
@@ -43,20 +41,22 @@ class AppState:
     gate: Gate = field(init=False)
     # set when a voice's engine died: the server drains and exits non-zero
     engine_dead: asyncio.Event = field(default_factory=asyncio.Event)
+    core: SpeechCore = field(init=False)
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.admission, self.voices)
-        self.voices = {name: GuardedVoice(voice, self.gate, time.monotonic,
+        self.voices = {name: GuardedVoice(voice, self.gate, self.clock.now,
                                           on_dead=self._engine_died)
                        for name, voice in self.voices.items()}
         for name in self.voices:
             self.metrics.engine_up.labels(name).set_function(self._engine_up_of(name))
+        cfg = self.config
+        voices = {self.default_voice: self.voices[self.default_voice], **self.voices}
+        self.core = SpeechCore(voices, segmenter_config=cfg.segmenter, hint_config=cfg.hints,
+                               opus_config=cfg.opus, metrics=self.metrics, clock=self.clock,
+                               encode_pool=self.encode_pool)
         # one count of running contexts: the hints' load, and the gauge
-        self.metrics.contexts.set_function(lambda: self.load.active)
-        hints = self.config.hints
-        for name in self.voices:
-            self.voice_stats.setdefault(name, VoiceStats(
-                rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load))
+        self.metrics.contexts.set_function(lambda: self.core.load.active)
         # short names: "en_US-joe-medium" for "piper:en_US-joe-medium", "default"
         self.voice_aliases.setdefault("default", self.default_voice)
         for name in self.voices:
@@ -65,7 +65,7 @@ class AppState:
                 self.voice_aliases.setdefault(short, name)
 
     def _engine_up_of(self, voice: str) -> Callable[[], float]:
-        return lambda: float(self.gate.engine_up(voice, time.monotonic()))
+        return lambda: float(self.gate.engine_up(voice, self.clock.now()))
 
     def begin_drain(self) -> None:
         """``/ready`` 503, new WebSockets 503, new contexts ``overloaded``."""
@@ -76,12 +76,21 @@ class AppState:
         """What ``/ready`` answers: warm, not draining, every voice up."""
         if not self.ready:
             return False, "warming up"
-        return self.gate.ready(time.monotonic())
+        return self.gate.ready(self.clock.now())
 
     def _engine_died(self, voice: str, exc: BaseException) -> None:
         log.critical("the engine of voice %s died (%s): draining, then exiting non-zero "
                      "so that the orchestrator restarts this process", voice, exc)
         self.engine_dead.set()
+
+    @property
+    def load(self) -> ServerLoad:
+        """Contexts running now, all voices (the core's count)."""
+        return self.core.load
+
+    @property
+    def voice_stats(self) -> dict[str, VoiceStats]:
+        return self.core.voice_stats
 
     def ready_message(self) -> Ready:
         s = self.config.server

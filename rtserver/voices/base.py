@@ -1,12 +1,13 @@
-"""The narrow interface between the pipeline and a voice family."""
+"""The narrow interface between the speech core and a voice family."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
 from rtserver.audio.pcm import PcmChunk
+from rtserver.clock import SYSTEM_CLOCK, Clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,21 @@ class VoiceInfo:
     chunk_cost_ms: tuple[float, ...] = ()
 
 
+class Marks(dict[str, float]):
+    """Times a voice records for a context's first audio, on the core's clock."""
+
+    __slots__ = ("clock",)
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def mark(self, name: str) -> None:
+        """Record ``name`` now, unless it is recorded already."""
+        if name not in self:
+            self[name] = self.clock.now()
+
+
 @dataclass(frozen=True, slots=True)
 class SynthesisRequest:
     """One segment to speak.
@@ -38,13 +54,15 @@ class SynthesisRequest:
     text: str
     request_id: str
     first: bool = False
-    # When the listener will need this audio, on the ``time.monotonic()`` clock;
-    # voices that queue work serve the earliest deadline first. None: now.
+    # When the listener will need this audio, on ``clock``; voices that queue
+    # work serve the earliest deadline first. None: now.
     deadline: float | None = None
-    # Set by the pipeline for a context's first segment: a voice that can tell
-    # when its model's output for the first audio arrived records it under
-    # ``MODEL_OUTPUT_MARK`` (``time.monotonic()``); TTFA's parts are reported.
-    marks: dict[str, float] | None = None
+    # Set by the core for a context's first segment: a voice that can tell
+    # when its model's output for the first audio arrived records it with
+    # ``marks.mark(MODEL_OUTPUT_MARK)``; TTFA's parts are reported.
+    marks: Marks | None = None
+    # The core's clock: the one a voice reads for marks and deadlines.
+    clock: Clock = SYSTEM_CLOCK
 
 
 MODEL_OUTPUT_MARK = "model_output"
@@ -63,6 +81,6 @@ class Voice(Protocol):
 
     async def warm_up(self) -> None: ...
 
-    def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]: ...
+    def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]: ...
 
     async def close(self) -> None: ...

@@ -26,8 +26,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -272,11 +271,11 @@ class OrpheusVoice:
             mask=AUDIO_MASK,
         )
 
-    def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+    def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
         return self.stream(request)
 
     async def stream(self, request: SynthesisRequest, *, max_tokens: int | None = None
-                     ) -> AsyncIterator[PcmChunk]:
+                     ) -> AsyncGenerator[PcmChunk, None]:
         """``synthesize`` with the token budget capped at ``max_tokens`` (warm-up,
         tests, benchmarks)."""
         if self._closed:
@@ -295,7 +294,7 @@ class OrpheusVoice:
                         raise EngineFailed(f"request {request.request_id}: {exc}") from exc
                     if len(complete):
                         if request.marks is not None and MODEL_OUTPUT_MARK not in request.marks:
-                            request.marks[MODEL_OUTPUT_MARK] = time.monotonic()
+                            request.marks.mark(MODEL_OUTPUT_MARK)
                         for chunk in await stream.push(complete):
                             yield chunk
             if frames.finish() or frames.dropped_tokens:

@@ -20,7 +20,6 @@ import contextlib
 import functools
 import json
 import os
-import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -31,9 +30,10 @@ import numpy as np
 import numpy.typing as npt
 
 from rtserver.audio.pcm import PcmChunk
+from rtserver.clock import Clock
 from rtserver.errors import ConfigError, EngineFailed
 from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
-from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
 from rtserver.voices.piper_graph import split_voice
 from rtserver.voices.piper_plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
 from rtserver.voices.synthesis_pool import SynthesisPool
@@ -181,11 +181,12 @@ class PiperVoice:
         await asyncio.gather(*(one() for _ in range(self._pool.workers)))
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
-        deadline = request.deadline if request.deadline is not None else time.monotonic()
+        clock = request.clock
+        deadline = request.deadline if request.deadline is not None else clock.now()
         rate = self._info.sample_rate
         marks = request.marks
         sentence, head, rest = await self._submit(
-            self._start, request.text, marks, request.first, deadline, first=request.first,
+            self._start, request.text, marks, request.first, deadline, clock, first=request.first,
             deadline=deadline)
         offset = 0  # samples of the segment before the current sentence
         while sentence is not None and head is not None:
@@ -210,25 +211,25 @@ class PiperVoice:
             ids, rest = rest[0], rest[1:]
             at = deadline + offset / rate
             sentence, head = await self._submit(self._front_and_first, ids, None, False, at,
-                                                first=False, deadline=at)
+                                                clock, first=False, deadline=at)
 
     async def close(self) -> None:
         return None
 
     # --- in the worker threads ----------------------------------------------
 
-    def _start(self, text: str, marks: dict[str, float] | None, first: bool, deadline: float
+    def _start(self, text: str, marks: Marks | None, first: bool, deadline: float, clock: Clock
                ) -> tuple[_Sentence | None, FloatArray | None, list[list[int]]]:
         """Phonemize the segment, run the first sentence's front and first decode."""
         sentences = [p for p in self._piper.phonemize(text) if p]
         ids = [self._piper.phonemes_to_ids(p) for p in sentences]
         if not ids:
             return None, None, []
-        sentence, head = self._front_and_first(ids[0], marks, first, deadline)
+        sentence, head = self._front_and_first(ids[0], marks, first, deadline, clock)
         return sentence, head, ids[1:]
 
-    def _front_and_first(self, ids: list[int], marks: dict[str, float] | None, first: bool,
-                         deadline: float) -> tuple[_Sentence, FloatArray]:
+    def _front_and_first(self, ids: list[int], marks: Marks | None, first: bool,
+                         deadline: float, clock: Clock) -> tuple[_Sentence, FloatArray]:
         """The sentence's front, its plan and its first decode. The plan is
         eager for a context's first sentence and for audio needed soon."""
         cfg = self._piper.config
@@ -243,10 +244,10 @@ class PiperVoice:
         wide = self._front_wide if self._idle() else None
         out = (wide or self._front).run(None, feed)
         if marks is not None:
-            marks[MODEL_OUTPUT_MARK] = time.monotonic()
+            marks.mark(MODEL_OUTPUT_MARK)
         z = np.asarray(out[0], dtype=np.float32)
         g = np.asarray(out[1], dtype=np.float32) if self._split.cut.g else None
-        eager = first or deadline - time.monotonic() < self._chunking.eager_slack_ms / 1000.0
+        eager = first or deadline - clock.now() < self._chunking.eager_slack_ms / 1000.0
         plan = sentence_jobs(self._chunks if eager else self._bulk, int(z.shape[2]))
         sentence = _Sentence(z=z, g=g, jobs=plan)
         return sentence, self._decode(sentence, sentence.jobs[0])

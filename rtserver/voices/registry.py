@@ -106,11 +106,15 @@ def families() -> Mapping[str, VoiceFamily]:
     """Every registered family, built-in ones first."""
     global _discovered
     if not _discovered:
-        _discovered = True
-        for module in BUILTIN_FAMILIES:
-            importlib.import_module(module)
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            ep.load()
+        _discovered = True  # before the imports: a family module may ask again
+        try:
+            for module in BUILTIN_FAMILIES:
+                importlib.import_module(module)
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                ep.load()
+        except BaseException:
+            _discovered = False  # a broken family fails every call, not just the first
+            raise
     def rank(family: VoiceFamily) -> int:  # built-ins in their order, then the rest
         module = family.load.__module__
         return BUILTIN_FAMILIES.index(module) if module in BUILTIN_FAMILIES \

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from rtserver.client import AudioFrames, RtClient
+from rtserver.testing.server_thread import ServerThread
 
 
 def free_port() -> int:
@@ -103,3 +104,23 @@ async def test_sigterm_drains_open_contexts_then_closes_1001(
             await asyncio.sleep(0.1)
         assert client.close_code == 1001
     assert proc.wait(timeout=30) == 0
+
+
+def test_say_speaks_through_a_running_server(tmp_path: Path, server: ServerThread) -> None:
+    out = tmp_path / "remote.wav"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rtserver", "say", "Hello there, from the server.",
+         "-o", str(out), "--url", server.url],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 24000
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    assert 1.0 < len(pcm) / 24000 < 6.0
+    assert np.sqrt(np.mean((pcm / 32768.0) ** 2)) > 0.02
+    assert "voice piper:en_US-joe-medium" in proc.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "rtserver", "say", "Hi.", "-o", str(out), "--url",
+         f"ws://127.0.0.1:{free_port()}/v1/stream"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "rtserver:" in refused.stderr  # no traceback
+    assert "Traceback" not in refused.stderr

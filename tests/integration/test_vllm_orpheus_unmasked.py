@@ -16,9 +16,10 @@ import pytest_asyncio
 
 pytest.importorskip("vllm")
 
+from rtserver.clock import SYSTEM_CLOCK
 from rtserver.vocoder.snac_layout import write_tiny_snac
 from rtserver.voices import orpheus_tokens as ot
-from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest
 from rtserver.voices.orpheus import OrpheusConfig, OrpheusVoice, load_orpheus_voice
 from rtserver.voices.orpheus_layout import write_random_orpheus
 
@@ -40,7 +41,7 @@ async def voice(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Orphe
 async def test_unmasked_stream_is_reslotted_into_audio(voice: OrpheusVoice) -> None:
     engine = voice.runtime.engine
     before = engine.stats().generation_tokens_total
-    marks: dict[str, float] = {}
+    marks = Marks(SYSTEM_CLOCK)
     req = SynthesisRequest(text="Hello there.", request_id="unmasked-1", first=True,
                            marks=marks)
     chunks = [c async for c in voice.stream(req, max_tokens=10 * ot.FRAME_TOKENS)]

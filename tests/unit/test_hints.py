@@ -287,7 +287,7 @@ def test_live_rates_count_segments_in_flight_once_they_made_enough_audio() -> No
 def test_rising_load_lengthens_the_hint_before_any_segment_completes() -> None:
     # 64 -> 128 streams on the H200: completed segments said r = 0.4, the ones
     # in flight already run at 0.7; a new stream must be told to buffer for 0.7
-    from rtserver.pipeline import VoiceStats
+    from rtserver.core.stats import VoiceStats
 
     stats = VoiceStats(RtfTracker())
     for t in range(10):

@@ -18,9 +18,8 @@ import contextlib
 import json
 import logging
 import math
-import time
 import tomllib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -285,11 +284,11 @@ class ChatTTSVoice:
             embeddings=(PromptEmbedding(rt.tokenizer.spk_emb_id,
                                         tuple(float(v) for v in self.speaker.vector)),))
 
-    def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+    def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
         return self.stream(request)
 
     async def stream(self, request: SynthesisRequest, *, max_steps: int | None = None
-                     ) -> AsyncIterator[PcmChunk]:
+                     ) -> AsyncGenerator[PcmChunk, None]:
         """``synthesize`` with the step budget capped at ``max_steps``."""
         if self._closed:
             raise EngineFailed("the voice is closed")
@@ -312,7 +311,7 @@ class ChatTTSVoice:
                     x = (np.asarray(delta.hidden, dtype=np.float32)[keep] if hidden_route
                          else codes[keep])
                     if request.marks is not None and MODEL_OUTPUT_MARK not in request.marks:
-                        request.marks[MODEL_OUTPUT_MARK] = time.monotonic()
+                        request.marks.mark(MODEL_OUTPUT_MARK)
                     try:
                         chunks = await stream.push(x)
                     except ValueError as exc:

@@ -1,0 +1,31 @@
+"""The speech core: a context's text becomes timed audio events for a sink.
+
+``SpeechCore`` holds the voices and what contexts share; ``core.open(start,
+sink)`` gives a ``SpeechContext`` (``feed``/``flush``/``end``, ``await run()``,
+``await cancel()``); ``speak(core, start)`` runs one with a queue to iterate.
+No transport here: the WebSocket server, the HTTP endpoint and ``rtserver say``
+are sinks.
+"""
+
+from rtserver.core.context import SpeechContext
+from rtserver.core.events import AudioFrames, ControlEvent, Event, Finished, Ledger, Sink
+from rtserver.core.speech import SpeechCore
+from rtserver.core.stats import ServerLoad, VoiceStats
+from rtserver.core.stream import ContextStream, EventQueue, StreamEvent, speak
+
+__all__ = [
+    "AudioFrames",
+    "ContextStream",
+    "ControlEvent",
+    "Event",
+    "EventQueue",
+    "Finished",
+    "Ledger",
+    "ServerLoad",
+    "Sink",
+    "SpeechContext",
+    "SpeechCore",
+    "StreamEvent",
+    "VoiceStats",
+    "speak",
+]

@@ -1,0 +1,74 @@
+"""The speech core: loaded voices, their measured rates and the settings every
+context shares. Transports (the WebSocket server, the HTTP speech endpoint,
+``rtserver say``) open contexts on it and hand each a ``Sink``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from rtserver.audio.opus import OpusConfig
+from rtserver.clock import SYSTEM_CLOCK, Clock
+from rtserver.core.context import SpeechContext
+from rtserver.core.events import Sink
+from rtserver.core.stats import ServerLoad, VoiceStats
+from rtserver.errors import UnknownVoice, UnsupportedFormat
+from rtserver.metrics import Metrics
+from rtserver.pacing.hints import HintConfig
+from rtserver.pacing.rates import LiveRates, RtfTracker
+from rtserver.protocol.messages import AUDIO_FORMATS, FRAME_MS, SAMPLE_RATES, Start
+from rtserver.text.segmenter import SegmenterConfig
+from rtserver.voices.base import Voice
+
+
+@dataclass
+class SpeechCore:
+    """Voices by name (the first is the default) and what their contexts share."""
+
+    voices: Mapping[str, Voice]
+    segmenter_config: SegmenterConfig = field(default_factory=SegmenterConfig)
+    hint_config: HintConfig = field(default_factory=HintConfig)
+    opus_config: OpusConfig = field(default_factory=OpusConfig)
+    metrics: Metrics = field(default_factory=Metrics)
+    clock: Clock = SYSTEM_CLOCK
+    encode_pool: Executor | None = None  # threads for Opus encoding (None: inline)
+    load: ServerLoad = field(default_factory=ServerLoad)  # contexts running, all voices
+    voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.voices:
+            raise ValueError("a speech core needs at least one voice")
+        for name in self.voices:
+            self.stats_for(name)
+
+    @property
+    def default_voice(self) -> str:
+        return next(iter(self.voices))
+
+    def stats_for(self, voice: str) -> VoiceStats:
+        stats = self.voice_stats.get(voice)
+        if stats is None:
+            hints = self.hint_config
+            stats = self.voice_stats[voice] = VoiceStats(
+                rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load)
+        return stats
+
+    def open(self, start: Start, sink: Sink, *, stream: int = 0,
+             voice: str | None = None) -> SpeechContext:
+        """A new context speaking ``voice`` (else ``start.voice``, else the
+        default) into ``sink``; run it with ``await ctx.run()`` (in the
+        transport's task group). Raises ``UnknownVoice`` / ``UnsupportedFormat``
+        for options it cannot serve."""
+        name = voice or start.voice or self.default_voice
+        found = self.voices.get(name)
+        if found is None:
+            raise UnknownVoice(f"unknown voice '{name}'; one of {', '.join(self.voices)}",
+                               context=start.context)
+        if (start.format not in AUDIO_FORMATS or start.sample_rate not in SAMPLE_RATES
+                or start.frame_ms not in FRAME_MS):
+            raise UnsupportedFormat(
+                f"format {start.format}/{start.sample_rate} Hz/{start.frame_ms} ms: formats "
+                f"{', '.join(AUDIO_FORMATS)}, rates {', '.join(map(str, SAMPLE_RATES))}, "
+                f"frames {', '.join(map(str, FRAME_MS))} ms", context=start.context)
+        return SpeechContext(self, start, found, sink, stream)

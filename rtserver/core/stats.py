@@ -1,0 +1,47 @@
+"""What a speech core measures across its contexts: the load and each voice's
+rates (the hints plan with them). Pure: no I/O, times passed in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rtserver.pacing.rates import LiveRates, RtfTracker
+
+# Until the first measurement of a voice, assume this many ms of audio per
+# character of text (English at ~15 characters per second of speech).
+DEFAULT_AUDIO_MS_PER_CHAR = 65.0
+
+
+@dataclass(slots=True)
+class ServerLoad:
+    """Contexts open in the server now (started, not yet done, cancelled or
+    failed): the load every voice's r depends on (voices share the engine,
+    the GPU, the cores). One per core, kept by its contexts; the
+    ``rtserver_active_contexts`` gauge reads it."""
+
+    active: int = 0
+
+
+@dataclass(slots=True)
+class VoiceStats:
+    """Measured behaviour of one voice, shared by its contexts."""
+
+    rtf: RtfTracker  # completed segments
+    audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
+    live: LiveRates = field(default_factory=LiveRates)  # segments in flight
+    load: ServerLoad = field(default_factory=ServerLoad)  # shared by the server's voices
+
+    def rtf_estimate(self, q: float, now: float) -> float:
+        """The r to plan with: the ``q``-quantile of recent completed segments
+        made at the present load (extrapolated above it), or of the segments
+        in flight when those are slower (load rising)."""
+        done = self.rtf.percentile(q, now, load=self.load.active)
+        live = self.live.percentile(q)
+        return done if live is None else max(done, live)
+
+    def observe_segment(self, chars: int, audio_ms: float, gen_s: float, now: float) -> None:
+        if audio_ms <= 0:
+            return
+        self.rtf.observe(gen_s, audio_ms / 1000.0, now, load=self.load.active)
+        if chars > 0:  # exponential average, weight 0.1 per segment
+            self.audio_ms_per_char += 0.1 * (audio_ms / chars - self.audio_ms_per_char)
