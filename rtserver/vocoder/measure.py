@@ -3,6 +3,7 @@
     python -m rtserver.vocoder.measure rf      [--shape 24khz|tiny]
     python -m rtserver.vocoder.measure edges   [--shape 24khz|tiny]
     python -m rtserver.vocoder.measure seams   [--shape 24khz|tiny] [--frames 60]
+                                               [--dtype float32|bfloat16]
     python -m rtserver.vocoder.measure timing  [--batch 1 8] [--frames 4] [--device cpu]
                                                [--graphs] [--threads N]
     python -m rtserver.vocoder.measure lanes   --device cuda [--batch 64] [--frames 8]
@@ -26,6 +27,7 @@ import numpy.typing as npt
 from rtserver.vocoder.batcher import WindowDecoder
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
 from rtserver.vocoder.snac_model import (
+    DTYPES,
     SNAC24_CONFIG,
     TINY_SNAC_CONFIG,
     CodeWindow,
@@ -171,10 +173,21 @@ def seam_report(decoder: WindowDecoder[Any], codes: npt.NDArray[Any], config: Ch
     return SeamReport(db(float(err.max())), tuple(seams), len(out), len(chunks[0]))
 
 
-def _decoder(shape: str, device: str = "cpu", graphs: bool = False) -> SnacDecoder:
+def full_decode_error_db(decoder: SnacDecoder, reference: SnacDecoder,
+                         codes: npt.NDArray[Any]) -> float:
+    """Max |decoder - reference| over one full decode of ``codes``, dB re the
+    reference's RMS (e.g. a bfloat16 decoder against the float32 one)."""
+    got = decoder.decode([CodeWindow(codes, 0)])[0].astype(np.float64)
+    ref = reference.decode([CodeWindow(codes, 0)])[0].astype(np.float64)
+    rms = float(np.sqrt(np.mean(ref ** 2)))
+    return 20 * math.log10(max(float(np.abs(got - ref).max()), 1e-12) / rms)
+
+
+def _decoder(shape: str, device: str = "cpu", graphs: bool = False,
+             dtype: str = "float32") -> SnacDecoder:
     cfg = {"24khz": SNAC24_CONFIG, "tiny": TINY_SNAC_CONFIG}[shape]
     return SnacDecoder(build_snac(cfg, seed=0), device=device, cuda_graphs=graphs,
-                       graph_max_batch=128, graph_max_cells=1 << 20)
+                       graph_max_batch=128, graph_max_cells=1 << 20, dtype=dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,12 +282,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs (cuda only)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="decoder dtype")
     a = p.parse_args(argv)
     if a.threads:
         import torch
 
         torch.set_num_threads(a.threads)
-    dec = _decoder(a.shape, a.device, a.graphs)
+    dec = _decoder(a.shape, a.device, a.graphs, a.dtype)
     if a.what == "rf":
         print(f"layer-derived support: {dec.support} samples")
         for r in measure_reach(dec):
@@ -287,6 +301,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{k}: {v:.4g}")
     elif a.what == "seams":
         codes = random_codes(a.frames or 60, seed=1)
+        print(f"dtype {a.dtype}, device {a.device}, random weights")
+        if a.dtype != "float32":
+            ref = _decoder(a.shape, a.device, False, "float32")
+            print(f"full decode vs float32: {full_decode_error_db(dec, ref, codes):7.1f} dB "
+                  "re RMS (max abs error)")
         for name, cfg in SCHEDULES.items():
             sr = seam_report(dec, codes, cfg)
             later = max(sr.seam_db[1:], default=-math.inf)

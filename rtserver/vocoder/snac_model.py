@@ -33,7 +33,13 @@ default TF32 convolutions put a decode about -51 dB (re RMS, random weights)
 from the float32 CPU decode, and two window shapes that far from each other;
 this module leaves that process-wide switch alone (vLLM shares the process).
 Measured there too: float16 weights -44 dB for ~1.1-1.4x at 64+ windows,
-bfloat16 -25 dB: neither is offered.
+bfloat16 -25 dB. ``dtype="bfloat16"`` runs the decoder (weights and
+activations; the quantizer's lookups stay float32) in bfloat16, eager and in
+graphs, and returns float32 audio. It is off by default: on the CPU, real
+24 kHz shape with random weights, a bf16 full decode is -24.8 dB (max |error|
+re RMS; ~-39 dB RMS error) from the float32 one, and exact seams become
+-26 dB (float32: below -120 dB), missing the -40 dB target (``python -m
+rtserver.vocoder.measure seams --shape 24khz --dtype bfloat16``).
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ from torch.nn.utils import parametrize
 
 FloatArray = npt.NDArray[np.float32]
 NoiseMode = Literal["positional", "off"]
+# Decoder dtypes that ship (the seam tests cover each).
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # hubertsiuzdak/snac_24khz config.json; checked against snac 1.2.1 ``SNAC.__init__``
 # (every key is one of its arguments; latent_dim defaults to 48 * 2**4 = 768).
@@ -256,7 +264,9 @@ class SnacDecoder:
     def __init__(self, model: Any, *, device: str = "cpu", noise: NoiseMode = "positional",
                  noise_seed: int = 0, cuda_graphs: bool = False, graph_max_batch: int = 64,
                  graph_frame_step: int = 4, graph_max_frames: int = 24,
-                 graph_max_cells: int = 512) -> None:
+                 graph_max_cells: int = 512, dtype: str = "float32") -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
         check_frame_layout({"vq_strides": model.vq_strides,
                             "attn_window_size": model.attn_window_size})
         self.device = torch.device(device)
@@ -276,7 +286,8 @@ class SnacDecoder:
             if isinstance(m, nn.Conv1d | nn.ConvTranspose1d) and m.kernel_size[0] > 1:
                 m.register_forward_pre_hook(self._mask_hook)
         self.quantizer.to(self.device).eval()
-        self.decoder.to(self.device).eval()
+        self.dtype = DTYPES[dtype]
+        self.decoder.to(self.device, self.dtype).eval()
         self.support = decoder_support(self.decoder, self.hop)
         self._main = _Lane()
         self._first: _Lane | None = None  # created by warm_up (CUDA graphs only)
@@ -334,7 +345,7 @@ class SnacDecoder:
             lengths = None if min(sizes) == n_max else dev[cells:cells + b]
             out = self._forward(dev[:cells].view(b, n_max, FRAME_CODES), lengths,
                                 dev[cells + b:])
-            audio = out.float().cpu().numpy()
+            audio = out.cpu().numpy()
         f = self.samples_per_frame
         return [np.ascontiguousarray(audio[i, :sizes[i] * f]) for i in range(b)]
 
@@ -362,10 +373,10 @@ class SnacDecoder:
         st.lengths, st.offsets, st.t_latent = lengths, offsets, n * self.latent_per_frame
         try:
             z = self.quantizer.from_codes(levels)  # type: ignore[operator]
-            y: torch.Tensor = self.decoder(z)
+            y: torch.Tensor = self.decoder(z.to(self.dtype))
         finally:
             st.lengths, st.offsets = None, None
-        return y[:, 0, :]
+        return y[:, 0, :].float()  # in the graph too: its output buffer is float32
 
     # --- CUDA graphs (guarded: only with cuda_graphs=True on a CUDA device) ----
 

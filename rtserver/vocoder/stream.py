@@ -74,7 +74,7 @@ class SnacVocoder:
                               noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
                               graph_max_batch=config.max_batch,
                               graph_max_frames=config.graph_max_frames,
-                              graph_max_cells=config.graph_max_cells)
+                              graph_max_cells=config.graph_max_cells, dtype=config.dtype)
         return cls(decoder, config, device)
 
     @property

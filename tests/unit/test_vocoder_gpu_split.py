@@ -1,0 +1,56 @@
+"""The GPU time-split command, run on the CPU with the tiny SNAC (what the H200
+run executes, down to argument parsing and the JSON it writes)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rtserver.vocoder.chunking import ChunkConfig
+from rtserver.vocoder.gpu_split import main, segment_jobs, steady_window
+
+F = 2048
+
+
+def test_steady_window_is_a_full_chunk_with_its_context_and_lookahead() -> None:
+    cfg = ChunkConfig()
+    job = steady_window(cfg)
+    assert job.emit_end - job.emit_start == cfg.max_chunk_frames * F
+    # 16 frames emitted, with 4757 samples of context and lookahead around them
+    assert job.start_frame * F <= job.emit_start - cfg.context_samples
+    assert job.end_frame * F >= job.emit_end + job.hold + cfg.lookahead_samples - F
+    assert cfg.max_chunk_frames < job.n_frames <= cfg.max_chunk_frames + 2 * math.ceil(
+        cfg.context_samples / F)
+    jobs = segment_jobs(cfg, 47)
+    assert jobs[-1].final and jobs[-1].end_frame == 47
+    assert sum(j.emit_end - j.emit_start for j in jobs) == 47 * F
+
+
+def test_the_command_runs_and_writes_its_rows(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "split.json"
+    main(["--device", "cpu", "--shape", "tiny", "--streams", "3", "--segment-frames", "6",
+          "--repeats", "1", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "ms per stream-second" in printed
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [(r["dtype"], r["workload"]) for r in rows] == [
+        ("float32", "steady"), ("float32", "segment"),
+        ("bfloat16", "steady"), ("bfloat16", "segment")]
+    assert data["environment"]["device"] == "cpu" and "--shape tiny" in data["command"]
+    for r in rows:
+        assert r["streams"] == 3
+        assert sum(int(k) * v for k, v in r["call_sizes"].items()) == \
+            (3 if r["workload"] == "steady" else 3 * len(segment_jobs(ChunkConfig(), 6)))
+        assert r["decoder_ms"] > 0
+        assert r["ms_per_stream_s"] == pytest.approx(r["decoder_ms"] / r["audio_s"], rel=1e-2)
+        assert r["gpu_share"] == pytest.approx(3 * r["ms_per_stream_s"] / 1e3, rel=1e-2)
+    steady, segment = rows[0], rows[1]
+    assert steady["audio_s"] == pytest.approx(3 * 16 * F / 24000, abs=1e-3)
+    assert segment["audio_s"] == pytest.approx(3 * 6 * F / 24000, abs=1e-3)
+    with pytest.raises(SystemExit):
+        main(["--streams", "0"])
