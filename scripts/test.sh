@@ -8,5 +8,6 @@ scripts/setup.sh test
 . .venv/bin/activate
 echo "test: ruff"; ruff check rtserver tests
 echo "test: mypy"; mypy rtserver
+echo "test: import-linter"; lint-imports
 echo "test: pytest"
 exec python -m pytest -q -ra --durations=15 "$@"

@@ -2,7 +2,7 @@
 
 Runs upstream's own streaming path, unchanged, on the same folder of random
 weights of the real shapes as rtserver's ChatTTS voice
-(``python -m rtserver.testing.tiny_chattts CK --shape real``), and writes JSON.
+(``python -m rtserver.voices.chattts.layout CK --shape real``), and writes JSON.
 
 What is adapted, and only this:
 

@@ -1,6 +1,6 @@
 """ChatTTS on rtserver's torch engine: the benchmark in phases (one call each).
 
-Random weights of the real shapes (``rtserver.testing.tiny_chattts --shape
+Random weights of the real shapes (``rtserver.voices.chattts.layout --shape
 real``): the speed is real, the sound is noise, and EOS is never sampled
 (``chattts.ignore_eos``), so every segment runs to the step budget, which is
 set to natural speech length. Each phase is one command, so a GPU host that
@@ -63,7 +63,7 @@ def _env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def prepare(args: argparse.Namespace) -> None:
-    from rtserver.testing.tiny_chattts import write_tiny_chattts
+    from rtserver.voices.chattts.layout import write_tiny_chattts
 
     if (Path(args.ckpt) / "asset" / "gpt" / "model.safetensors").is_file():
         print(f"{args.ckpt}: already written")

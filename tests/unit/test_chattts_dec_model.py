@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rtserver.errors import ConfigError
-from rtserver.testing.tiny_chattts_decoder import write_tiny_decoder_assets
 from rtserver.vocoder.chattts.checkpoint import CheckpointError, load_audio_models
 from rtserver.vocoder.chattts.dims import (
     REAL_DIMS,
@@ -26,6 +25,7 @@ from rtserver.vocoder.chattts.dims import (
     tiny_dims,
     vocos_file_shapes,
 )
+from rtserver.vocoder.chattts.layout import write_tiny_decoder_assets
 from rtserver.vocoder.chattts.modules import MaskedISTFT, MelDecoder
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rtserver.errors import EngineFailed
-from rtserver.testing.tiny_chattts_decoder import write_tiny_decoder_assets
 from rtserver.vocoder.chattts.config import ChatTTSDecodeConfig
+from rtserver.vocoder.chattts.layout import write_tiny_decoder_assets
 from rtserver.vocoder.chattts.model import StepWindow
 from rtserver.vocoder.chattts.stream import ChatTTSStream, ChatTTSVocoder
 

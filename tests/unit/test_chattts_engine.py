@@ -20,8 +20,8 @@ from rtserver.engine.base import (  # noqa: E402
 from rtserver.engine.torch_engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
 from rtserver.engine.torch_engine.model import ChatLM  # noqa: E402
 from rtserver.errors import EngineFailed, Overloaded  # noqa: E402
-from rtserver.testing.tiny_chattts import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.assets import LmAssets, load_lm_assets  # noqa: E402
+from rtserver.voices.chattts.layout import write_tiny_chattts  # noqa: E402
 
 # ChatTTS InferCodeParams defaults (upstream core.py)
 SAMPLING = SamplingSettings(temperature=0.3, top_p=0.7, top_k=20, repetition_penalty=1.05)

@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rtserver.engine.torch_engine.model import ChatLM  # noqa: E402
-from rtserver.testing.tiny_chattts import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.assets import load_lm_assets  # noqa: E402
+from rtserver.voices.chattts.layout import write_tiny_chattts  # noqa: E402
 
 
 def test_prefill_and_decode_match_transformers(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rtserver.voices.chattts.assets import EmbedWeights, GptConfig
+from rtserver.engine.torch_engine.shapes import EmbedWeights, GptConfig
 
 
 @dataclass

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rtserver.testing.tiny_chattts_decoder import DEFAULT_LAYER_SCALE
 from rtserver.vocoder.chattts.checkpoint import load_audio_models, random_audio_models
 from rtserver.vocoder.chattts.dims import (
     REAL_DIMS,
@@ -34,6 +33,7 @@ from rtserver.vocoder.chattts.dims import (
     narrow_dims,
     tiny_dims,
 )
+from rtserver.vocoder.chattts.layout import DEFAULT_LAYER_SCALE
 from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder, Route, StepWindow
 from rtserver.vocoder.chunking import ChunkConfig
 from rtserver.vocoder.measure import SeamReport, seam_report

@@ -16,7 +16,8 @@
   config gives upstream's ``spk_stat`` string.
 
 Every shape is checked against the config; a missing file, key or shape is an
-``AssetError`` naming the file.
+``AssetError`` naming the file. The shapes it reads into (``GptConfig``,
+``EmbedWeights``) are the torch engine's (``rtserver.engine.torch_engine.shapes``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rtserver.engine.torch_engine.shapes import EmbedWeights, GptConfig
 from rtserver.errors import ConfigError
 from rtserver.voices.chattts.speaker import SpeakerStats
 
@@ -51,32 +53,6 @@ class AssetError(ConfigError):
     def __init__(self, path: Path | str, problem: str) -> None:
         super().__init__(f"ChatTTS asset {path}: {problem}")
         self.path = str(path)
-
-
-@dataclass(frozen=True, slots=True)
-class GptConfig:
-    """The shape of the ChatTTS GPT (upstream ``config.GPT`` defaults)."""
-
-    hidden_size: int = 768
-    intermediate_size: int = 3072
-    num_attention_heads: int = 12
-    num_key_value_heads: int = 12
-    num_hidden_layers: int = 20
-    rms_norm_eps: float = 1e-6  # transformers LlamaConfig default
-    rope_theta: float = 10000.0  # transformers LlamaConfig default
-    max_position_embeddings: int = 4096
-    num_audio_tokens: int = 626
-    num_text_tokens: int = 21178
-    num_vq: int = 4
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def eos_id(self) -> int:
-        """Upstream ``num_code = num_audio_tokens - 1`` ends the audio."""
-        return self.num_audio_tokens - 1
 
 
 def find_asset_dir(root: str | Path) -> Path:
@@ -181,14 +157,6 @@ def _fold_weight_norm(tensors: dict[str, torch.Tensor], name: str, shape: tuple[
     g = _take(tensors, g_key, (shape[0], 1), path)
     v = _take(tensors, v_key, shape, path)
     return g * v / v.norm(dim=1, keepdim=True)
-
-
-@dataclass(frozen=True)
-class EmbedWeights:
-    emb_text: torch.Tensor  # [text vocab, hidden]
-    emb_code: torch.Tensor  # [num_vq, audio vocab, hidden]
-    head_text: torch.Tensor  # [text vocab, hidden]
-    head_code: torch.Tensor  # [num_vq, audio vocab, hidden]
 
 
 def load_embed(asset: Path, cfg: GptConfig) -> EmbedWeights:

@@ -17,7 +17,7 @@ The tokenizer is ours, not upstream's: letters, digits, punctuation and a few
 hundred common CJK characters, so its ids are not upstream's ids. The real
 shape pads the text vocabulary to upstream's size.
 
-Run: ``python -m rtserver.testing.tiny_chattts OUT_DIR [--shape real]``.
+Run: ``python -m rtserver.voices.chattts.layout OUT_DIR [--shape real]``.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def write_tiny_chattts(root: str | Path, *, shape: str = "tiny", seed: int = 0,
     mean = 0.2 * torch.randn(base.hidden_size, generator=gen)
     torch.save(torch.cat([std, mean]).half(), str(asset / "spk_stat.pt"))
     if decoder:
-        from rtserver.testing import tiny_chattts_decoder as dec
+        from rtserver.vocoder.chattts import layout as dec
 
         if shape == "tiny":
             dec.write_tiny_decoder_assets(root, gpt_hidden=base.hidden_size, seed=seed)

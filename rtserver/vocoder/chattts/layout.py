@@ -8,7 +8,7 @@ load into upstream ChatTTS as well. ``shape="tiny"`` keeps the real kernels,
 dilation, mel count, FFT and hop with tiny widths (KBs); ``shape="real"`` is the
 real shape with random weights (~150 MB: benchmarks, which must say so).
 
-    python -m rtserver.testing.tiny_chattts_decoder ROOT [--shape tiny|real] [--seed N]
+    python -m rtserver.vocoder.chattts.layout ROOT [--shape tiny|real] [--seed N]
 """
 
 from __future__ import annotations
