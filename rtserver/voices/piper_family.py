@@ -3,7 +3,8 @@
 ``.onnx`` voice (its ``.onnx.json`` beside it) or a folder holding one.
 
 Every Piper voice of a server shares one ``SynthesisPool`` (``[voice]
-threads``); the family has no section of its own.
+threads``). The ``[piper]`` section sets the chunked decoding
+(``piper_plan.PiperChunking``) and where the split graphs are cached.
 """
 
 from __future__ import annotations
@@ -11,13 +12,37 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rtserver.errors import ConfigError
 from rtserver.voices.piper import EMBEDDED_NAME
+from rtserver.voices.piper_plan import PiperChunking
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
 
 EMBEDDED_SPECS = ("piper", "default", f"piper:{EMBEDDED_NAME}", EMBEDDED_NAME)
+
+
+_CHUNKING = PiperChunking()
+
+
+@dataclass(frozen=True, slots=True)
+class PiperSection:
+    """``[piper]``: chunked decoding (see ``PiperChunking``) and the cache."""
+
+    first_chunk_ms: float = _CHUNKING.first_chunk_ms
+    growth: float = _CHUNKING.growth
+    max_chunk_ms: float = _CHUNKING.max_chunk_ms
+    eager_slack_ms: float = _CHUNKING.eager_slack_ms
+    # Where the split graphs go ("": $XDG_CACHE_HOME/rtserver, ~/.cache/rtserver).
+    cache_dir: str = ""
+
+    def chunking(self) -> PiperChunking:
+        return PiperChunking(first_chunk_ms=self.first_chunk_ms, growth=self.growth,
+                             max_chunk_ms=self.max_chunk_ms, eager_slack_ms=self.eager_slack_ms)
+
+    def check(self) -> None:
+        self.chunking()  # raises ValueError naming the field
 
 
 def _claims(spec: str) -> bool:
@@ -31,6 +56,8 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
     from rtserver.voices.piper import PiperVoice, embedded_voice_files, voice_files_from_path
     from rtserver.voices.synthesis_pool import SynthesisPool
 
+    cfg = section if isinstance(section, PiperSection) else PiperSection()
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else None  # "~" expanded by split_voice
     pool = SynthesisPool(settings.threads or (os.cpu_count() or 1), name="piper")
     out = FamilyVoices(voices={}, by_spec={},
                        release=lambda: asyncio.to_thread(pool.close))
@@ -42,7 +69,8 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
             if f"piper:{files.name}" in out.voices:
                 raise ConfigError(f"voice piper:{files.name} is configured twice")
             voice = await asyncio.to_thread(PiperVoice, files, pool,
-                                            intra_op_threads=settings.intra_op_threads)
+                                            intra_op_threads=settings.intra_op_threads,
+                                            cache_dir=cache, chunking=cfg.chunking())
             out.voices[voice.info.name] = voice
             out.by_spec[spec] = voice.info.name
             out.warm_up_via.append(voice)
@@ -53,5 +81,5 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
 
 
 FAMILY = register_family(VoiceFamily(
-    name="piper", load=_load, claims=_claims,
+    name="piper", load=_load, claims=_claims, section=PiperSection,
     description="Piper ONNX VITS voices on the CPU"))

