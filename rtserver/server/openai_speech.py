@@ -7,15 +7,19 @@ the body streams as the text is spoken: chunked audio, or Server-Sent Events
 is made at 24 kHz mono (OpenAI's ``pcm`` is 24 kHz s16le). ``model`` is
 accepted and not used: the voice decides the model.
 
-Same voices, limits, auth, metrics and admission as the WebSocket: the voice
-names (and their short aliases) of ``GET /v1/voices``, ``max_text_chars``,
-the API keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text``
-for each request as for a context (draining, the voice's breaker, the
-per-key context and character rates, the predicted first heard audio), at
-most ``max_contexts`` requests of one client at once (the WebSocket's limit
-per connection), and ``rtserver_contexts_total`` / ``rtserver_ttfa_ms`` /
-``rtserver_audio_seconds_total`` / ``rtserver_rejected_total``. Errors are OpenAI's error JSON with
-the status of ``HTTP_STATUS`` (the one map from rtserver's error codes).
+Each request is one context of the speech core (``rtserver.core.speak``: this
+endpoint is one more sink of the core, as the WebSocket connection is), so
+the same voices, segmenter, pacing and metrics apply (``rtserver_contexts_total``,
+``rtserver_ttfa_ms``, rtf, the running-context count); the PCM frames it yields
+are tempo-changed for ``speed`` and encoded here (``rtserver.audio.encoders``).
+
+Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API
+keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text`` per
+request as for a context (draining, the voice's breaker, the per-key context
+and character rates, the predicted first heard audio), and at most
+``max_contexts`` requests of one client at once (the WebSocket's limit per
+connection). Errors are OpenAI's error JSON with the status of
+``HTTP_STATUS`` (the one map from rtserver's error codes).
 
 A finished phrase goes to the phrase cache (``rtserver.cache``); a repeat of
 the same voice, text, format and speed answers from memory at once.
@@ -25,26 +29,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import itertools
 import json
 import logging
 import math
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from rtserver.audio.encoders import CONTENT_TYPES, FORMATS, Tempo, make_encoder
-from rtserver.audio.pcm import FloatArray, PcmChunk
-from rtserver.audio.resample import Resampler
+from rtserver.audio.pcm import FloatArray
 from rtserver.cache import CachedPhrase, PhraseCache, PhraseKey
+from rtserver.core import AudioFrames, speak
 from rtserver.errors import (
     BadMessage,
-    EngineFailed,
     ErrorCode,
     RtError,
     TextTooLong,
@@ -52,6 +53,7 @@ from rtserver.errors import (
     UnknownVoice,
     UnsupportedFormat,
 )
+from rtserver.protocol.messages import Done, ErrorMessage, Start
 from rtserver.server.admission import predicted_first_heard_ms
 from rtserver.server.asgi import BodyTooLarge, HttpStream, Receive, Send, read_body, send_response
 from rtserver.server.gate import plan_first_chunks, reject_reason
@@ -63,8 +65,7 @@ from rtserver.server.http import (
     json_response,
 )
 from rtserver.server.state import AppState
-from rtserver.text.segmenter import Segment, Segmenter
-from rtserver.voices.base import SynthesisRequest
+from rtserver.text.segmenter import Segmenter
 
 log = logging.getLogger("rtserver.openai")
 _ids = itertools.count()
@@ -73,6 +74,7 @@ SPEECH_PATH = "/v1/audio/speech"
 VOICES_PATH = "/v1/audio/voices"
 MODELS_PATH = "/v1/models"
 OPENAI_RATE = 24000  # OpenAI's pcm format: 24 kHz, 16-bit, mono
+FRAME_MS = 20  # the core's frames for this endpoint: the smallest step to the first byte
 # Model names OpenAI clients send; all are served by the requested voice.
 MODELS = ("rtserver", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 # JSON overhead of a request besides its text (field names, model, voice, ...)
@@ -183,11 +185,10 @@ def sse_event(obj: dict[str, Any]) -> bytes:
 class SpeechApi:
     """The handlers; ``handlers()`` gives them to ``RtAsgi`` by (method, path)."""
 
-    def __init__(self, app: AppState, cache: PhraseCache,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, app: AppState, cache: PhraseCache) -> None:
         self.app = app
         self.cache = cache
-        self.clock = clock
+        self.clock = app.clock  # the server's one clock
         # requests being spoken per client (API key, else address): at most
         # ``max_contexts``, the WebSocket's limit per connection
         self._open: dict[str, int] = {}
@@ -212,7 +213,7 @@ class SpeechApi:
         """The WebSocket's admission for a new context (``Gate.start``: draining,
         the voice's breaker, the per-key context rate, the predicted first heard
         audio), then its character rate; raises the refusal."""
-        now = self.clock()
+        now = self.clock.now()
         gate = self.app.gate
         stats = self.app.voice_stats[speech.voice]
         info = self.app.voices[speech.voice].info
@@ -282,7 +283,7 @@ class SpeechApi:
                 del self._open[who]
 
     async def _stream(self, speech: SpeechRequest, receive: Receive, send: Send) -> None:
-        now = self.clock()
+        now = self.clock.now()
         segmenter = Segmenter(self.app.config.segmenter)
         segments = segmenter.feed(speech.input, now) + segmenter.end(now)
         if not segments:
@@ -295,17 +296,10 @@ class SpeechApi:
         ctype = "text/event-stream" if sse else CONTENT_TYPES[speech.response_format]
         await out.start(200, [("content-type", ctype), ("cache-control", "no-store"),
                               ("x-accel-buffering", "no")])
-        received_at = self.clock()
-        sent_bytes = 0
 
         async def write(data: bytes) -> None:
-            nonlocal sent_bytes
             if not data:
                 return
-            if sent_bytes == 0:
-                self.app.metrics.ttfa_ms.labels(speech.voice).observe(
-                    1000.0 * (self.clock() - received_at))
-            sent_bytes += len(data)
             if sse:
                 await out.write(sse_event({"type": "speech.audio.delta",
                                            "audio": base64.b64encode(data).decode()}))
@@ -320,12 +314,11 @@ class SpeechApi:
                     await write(chunk)
                 return cached.audio_ms
             chunks: list[bytes] | None = [] if self.cache.enabled else None
-            audio_ms, chunks = await self._synthesize(speech, segments, write, chunks)
+            audio_ms, chunks = await self._synthesize(speech, write, chunks)
             if chunks is not None:  # all of it was kept: small enough to cache
                 self.cache.put(key, CachedPhrase(tuple(chunks), audio_ms))
             return audio_ms
 
-        outcome = "failed"
         work = asyncio.create_task(body(), name="speech")
         watcher = asyncio.create_task(out.watch(), name="speech-disconnect")
         try:
@@ -333,7 +326,6 @@ class SpeechApi:
             if not work.done():  # the client went away: stop speaking at once
                 work.cancel()
                 await asyncio.wait([work])
-                outcome = "cancelled"
                 return
             audio_ms = work.result()
             if sse:
@@ -342,9 +334,8 @@ class SpeechApi:
                     "input_tokens": chars, "output_tokens": 0, "total_tokens": chars}}))
             await out.end()
             self.app.metrics.audio_seconds.labels(speech.voice).inc(audio_ms / 1000.0)
-            outcome = "done"
         except ConnectionError:
-            outcome = "cancelled"
+            pass  # the client went away
         except RtError as err:
             self.app.metrics.errors.labels(err.code.value).inc()
             log.warning("speech failed: %s (%s)", err.message, err.code.value)
@@ -358,19 +349,16 @@ class SpeechApi:
             for task in (work, watcher):
                 task.cancel()
             await asyncio.wait([work, watcher])
-            self.app.metrics.contexts_total.labels(outcome).inc()
 
-    async def _synthesize(self, speech: SpeechRequest, segments: list[Segment],
+    async def _synthesize(self, speech: SpeechRequest,
                           write: Callable[[bytes], Awaitable[None]], keep: list[bytes] | None
                           ) -> tuple[float, list[bytes] | None]:
-        """Speak the segments in order: each voice chunk resampled to 24 kHz,
-        tempo-changed when ``speed`` != 1, encoded and written. ``keep``
-        collects what was written, for the cache, up to one entry's limit.
-        Returns the audio's ms and ``keep`` (None when it outgrew the limit)."""
-        voice = self.app.voices[speech.voice]
-        stats = self.app.voice_stats[speech.voice]
+        """Speak ``speech.input`` as one context of the speech core (24 kHz
+        PCM frames), each piece tempo-changed when ``speed`` != 1, encoded and
+        written. ``keep`` collects what was written, for the cache, up to one
+        entry's limit. Returns the audio's ms and ``keep`` (None when it
+        outgrew the limit). The core counts the context (outcome, TTFA, rtf)."""
         encoder = make_encoder(speech.response_format, OPENAI_RATE)
-        resampler = Resampler(voice.info.sample_rate, OPENAI_RATE)
         tempo = Tempo(OPENAI_RATE, speech.speed) if speech.speed != 1.0 else None
         keep_limit = self.cache.max_entry_bytes  # beyond this it cannot be cached anyway
         kept = 0
@@ -390,35 +378,32 @@ class SpeechApi:
                     keep.append(data)
             await write(data)
 
-        samples = 0
-        self.app.load.active += 1
-        try:
-            for seg in segments:
-                began = self.clock()
-                seg_samples = 0
-                request = SynthesisRequest(text=seg.text, request_id=f"http-{next(_ids)}",
-                                           first=seg.index == 0)
-                try:
-                    # Voice's contract: the iterator has aclose() (voices/base.py)
-                    gen = cast(AsyncGenerator[PcmChunk, None], voice.synthesize(request))
-                    async with contextlib.aclosing(gen) as chunks:
-                        async for chunk in chunks:
-                            seg_samples += len(chunk.samples)
-                            await emit(resampler.process(chunk.samples))
-                except (RtError, ConnectionError):
-                    raise
-                except Exception as exc:  # a voice bug fails this request only
-                    raise EngineFailed(f"voice failed: {exc}") from exc
-                samples += seg_samples
-                audio_ms = 1000.0 * seg_samples / voice.info.sample_rate
-                gen_s = self.clock() - began
-                stats.observe_segment(len(seg.text), audio_ms, gen_s, self.clock())
-                if audio_ms:
-                    self.app.metrics.observe_rtf(voice.info.name, gen_s * 1000.0 / audio_ms)
-            await emit(resampler.flush(), last=True)
-        finally:
-            self.app.load.active -= 1
-        return 1000.0 * samples / voice.info.sample_rate / speech.speed, keep
+        start = Start(context=f"http-{next(_ids)}", voice=speech.voice, format="pcm_s16le",
+                      sample_rate=OPENAI_RATE, frame_ms=FRAME_MS)
+        audio_ms = 0.0
+        async with speak(self.app.core, start) as ctx:
+            ctx.feed(speech.input)
+            ctx.end()
+            async for event in ctx.events():
+                if isinstance(event, AudioFrames):
+                    pcm = np.frombuffer(b"".join(event.frames), "<i2")
+                    await emit(pcm.astype(np.float32) / 32768.0)
+                elif isinstance(event, ErrorMessage):
+                    raise error_of(event)
+                elif isinstance(event, Done):
+                    audio_ms = event.audio_ms
+        await emit(np.zeros(0, np.float32), last=True)
+        return audio_ms / speech.speed, keep
+
+
+def error_of(message: ErrorMessage) -> RtError:
+    """The ``RtError`` of an ``error`` the core reported for a context."""
+    err = RtError(message.message, retry_after_ms=message.retry_after_ms)
+    try:
+        err.code = ErrorCode(message.code)
+    except ValueError:
+        err.code = ErrorCode.INTERNAL
+    return err
 
 
 async def _quietly(aw: Any) -> None:
