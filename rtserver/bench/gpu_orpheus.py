@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-guard", choices=["auto", "mask", "allowed", "none"], default="auto")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--stream-interval", type=int, default=1)
+    p.add_argument("--quantization", default="",
+                   help="[orpheus] quantization: '' (bf16 / the checkpoint's), fp8, awq, ...")
+    p.add_argument("--vocoder-dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     return p
 
@@ -151,12 +154,15 @@ async def _load_level(voice: Any, n: int, args: argparse.Namespace, tag: str,
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # past the burst of prefills: steady decoding
         probes = []
+        steps0 = engine.step_counters() if hasattr(engine, "step_counters") else None
         c0, w0 = counter[0], time.perf_counter()
         for k in range(args.probes):
             probes.append(await _engine_request(voice, f"{tag}-probe-{n}-{k}", args.text,
                                                 args.tokens, rep, first=True, counter=counter))
         window = time.perf_counter() - w0
         steady = (counter[0] - c0) / window
+        # vLLM's decode step over the window: time per step, batch per step
+        step = engine.step_counters().since(steps0) if steps0 is not None else {}
     finally:
         for task in background:
             task.cancel()
@@ -166,6 +172,7 @@ async def _load_level(voice: Any, n: int, args: argparse.Namespace, tag: str,
             **{k: _summary_ms([p[k] for p in probes]) for k in ("ttft", "t7", "t28")},
             "probe_tok_per_s": summarize([p["tok_per_s"] for p in probes]).as_dict(),
             "steady_tokens_per_s": round(steady, 1), "window_s": round(window, 3),
+            "vllm_step": step,
             "non_audio_tokens": sum(p["non_audio"] for p in probes),
             "wrong_slot_tokens": sum(p["wrong_slot"] for p in probes),
             "probe_tokens": sum(p["tokens"] for p in probes), "rows": len(rows)}
@@ -234,7 +241,7 @@ def _print_row(row: dict[str, Any]) -> None:
               f"{p('ttft', 'p50')}  7tok p50 {p('t7', 'p50')} max {p('t7', 'max')}  28tok p50 "
               f"{p('t28', 'p50')}  steady {row['steady_tokens_per_s']} tok/s  non-audio "
               f"{row['non_audio_tokens']}/{row['probe_tokens']} wrong-slot "
-              f"{row['wrong_slot_tokens']}", flush=True)
+              f"{row['wrong_slot_tokens']}  vLLM step {row['vllm_step']}", flush=True)
     elif row["mode"] == "engine":
         print(f"engine N={row['streams']:>4} rep {row['repetition_penalty']}  ttft p50 "
               f"{p('ttft', 'p50')} p99 {p('ttft', 'p99')}  7tok p50 {p('t7', 'p50')} p99 "
@@ -248,6 +255,7 @@ def _print_row(row: dict[str, Any]) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
+    from rtserver.vocoder.config import VocoderConfig
     from rtserver.voices.orpheus import OrpheusConfig, load_orpheus_voice
 
     snac_dir = args.snac_dir
@@ -275,7 +283,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         shape=args.shape, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager, token_guard=args.token_guard,
-        enable_prefix_caching=not args.no_prefix_caching, stream_interval=args.stream_interval)
+        enable_prefix_caching=not args.no_prefix_caching, stream_interval=args.stream_interval,
+        quantization=args.quantization, vocoder=VocoderConfig(dtype=args.vocoder_dtype))
+    try:
+        cfg.check()
+    except ValueError as exc:
+        raise SystemExit(f"[orpheus] {exc}") from None
     t0 = time.perf_counter()
     voice = await load_orpheus_voice(cfg)
     start_s = time.perf_counter() - t0

@@ -94,6 +94,27 @@ class VllmEngineConfig:
     log_requests: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class StepCounters:
+    """Totals of vLLM's engine steps as the frontend saw them."""
+
+    steps: int  # steps that generated tokens
+    generation_tokens: int
+    itl_sum_s: float  # sum of per-request inter-token latencies
+    itl_count: int
+
+    def since(self, earlier: StepCounters) -> dict[str, float]:
+        """Over the window from ``earlier``: steps, tokens per step (the decode
+        batch), and the mean inter-token latency in ms (the step time while
+        every request decodes)."""
+        steps = self.steps - earlier.steps
+        tokens = self.generation_tokens - earlier.generation_tokens
+        n = self.itl_count - earlier.itl_count
+        return {"steps": steps, "tokens_per_step": round(tokens / steps, 2) if steps else 0.0,
+                "step_ms": round(1e3 * (self.itl_sum_s - earlier.itl_sum_s) / n, 3)
+                if n else 0.0}
+
+
 # --- logits processor (runs in vLLM's worker process) -----------------------
 
 def mask_extra_args(mask: CyclicTokenMask) -> dict[str, Any]:
@@ -216,6 +237,11 @@ class _LiveStats:
         self.ttft = HistogramAccumulator()
         self.t7 = HistogramAccumulator()
         self.t28 = HistogramAccumulator()
+        # vLLM's per-request inter-token latencies, one per running request per
+        # engine step: under steady decoding their mean is the decode step time
+        self.steps = 0  # iterations that generated tokens
+        self.itl_sum = 0.0
+        self.itl_n = 0
 
 
 class _StatSink(StatLoggerBase):
@@ -241,6 +267,11 @@ class _StatSink(StatLoggerBase):
             live.prompt_tokens += iteration_stats.num_prompt_tokens
             live.generation_tokens += iteration_stats.num_generation_tokens
             live.preemptions += iteration_stats.num_preempted_reqs
+            if iteration_stats.num_generation_tokens:
+                live.steps += 1
+            itl = iteration_stats.inter_token_latencies_iter
+            live.itl_sum += sum(itl)
+            live.itl_n += len(itl)
 
     def log_engine_initialized(self) -> None:
         return None
@@ -457,6 +488,13 @@ class VllmEngine:
             t7=live.t7.snapshot(),
             t28=live.t28.snapshot(),
         )
+
+    def step_counters(self) -> StepCounters:
+        """Running totals of engine steps; the difference of two is a window's
+        decode step time (``StepCounters.since``)."""
+        live = self._live
+        return StepCounters(steps=live.steps, generation_tokens=live.generation_tokens,
+                            itl_sum_s=live.itl_sum, itl_count=live.itl_n)
 
     def unfinished_requests(self) -> int:
         """Requests vLLM's frontend still tracks (0 once every abort landed)."""
