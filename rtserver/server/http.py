@@ -132,7 +132,7 @@ def admit_websocket(app: AppState, request: HttpRequest) -> HttpResponse | None:
         rejected.labels("max_connections").inc()
         return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections")
     try:
-        app.gate.connection(who.key, time.monotonic())
+        app.gate.connection(who.key, app.clock.now())
     except RateLimited as err:
         rejected.labels("rate_limited").inc()
         return rate_limited_response(err)

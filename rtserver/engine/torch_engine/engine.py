@@ -35,7 +35,6 @@ import logging
 import queue
 import random
 import threading
-import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
     CodeDelta,
     EngineStats,
@@ -117,8 +117,9 @@ class TorchCodeEngine:
     """``TokenEngine[CodeDelta]`` over :class:`ChatLM` (see the module docstring)."""
 
     def __init__(self, model_factory: Callable[[], ChatLM], config: TorchEngineConfig,
-                 *, eos_id: int, name: str = "torch") -> None:
+                 *, eos_id: int, name: str = "torch", clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
+        self._clock = clock  # queue waits, time to first step, capture times
         self.eos_id = eos_id
         self.name = name
         self._factory = model_factory
@@ -238,7 +239,7 @@ class TorchCodeEngine:
                         error = err
                     finished = finished or done
                 if codes:
-                    now = time.monotonic()
+                    now = self._clock.now()
                     before, count = count, count + len(codes)
                     if before == 0:
                         self._ttft.observe(now - started)
@@ -287,7 +288,7 @@ class TorchCodeEngine:
         if seed is None:
             seed = random.getrandbits(31)
         return _Pending(request=request, ids=ids, vector=vector, inject_id=inject,
-                        seed=int(seed), submitted=time.monotonic())
+                        seed=int(seed), submitted=self._clock.now())
 
     async def refine(self, request: TokenRequest) -> list[int]:
         """Generate text ids (the refine-text lane): ``prompt_token_ids`` are text
@@ -455,7 +456,7 @@ class TorchCodeEngine:
     def _expire_waiting(self, out: list[_Event]) -> None:
         if not self._waiting or self._free:
             return
-        limit = time.monotonic() - self.config.max_queue_s
+        limit = self._clock.now() - self.config.max_queue_s
         keep = []
         for w in self._waiting:
             if w[2].submitted < limit:
@@ -700,7 +701,7 @@ class TorchCodeEngine:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        t0 = time.monotonic()
+        t0 = self._clock.now()
         with torch.cuda.stream(side):
             for b in batches:
                 for n in lengths:
@@ -714,4 +715,4 @@ class TorchCodeEngine:
                 self._graphs[(b, n)] = g
         torch.cuda.synchronize()
         log.info("captured %d CUDA graphs of the %s in %.1f s", len(self._graphs),
-                 "step" if whole else "forward", time.monotonic() - t0)
+                 "step" if whole else "forward", self._clock.now() - t0)
