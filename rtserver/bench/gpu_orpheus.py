@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", default="",
                    help="[orpheus] quantization: '' (bf16 / the checkpoint's), fp8, awq, ...")
     p.add_argument("--vocoder-dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--declare-quantization", choices=["", "gptq", "awq"], default="",
+                   help="with --dummy-weights and no --model-dir: the random layout declares "
+                        "a 4-bit checkpoint of this method (its kernels' speed, random weights)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     return p
 
@@ -273,6 +276,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"wrote audio-biased random weights to {args.write_random} in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         args.model_dir = args.write_random
+    model_tmp = None
+    if args.declare_quantization:
+        if not args.dummy_weights or args.model_dir:
+            raise SystemExit("--declare-quantization needs --dummy-weights and no --model-dir "
+                             "or --write-random")
+        from rtserver.engine.quantization import declare_quantization
+        from rtserver.voices.orpheus_layout import write_tiny_orpheus
+
+        model_tmp = tempfile.TemporaryDirectory(prefix="bench-orpheus-")
+        write_tiny_orpheus(model_tmp.name, shape=args.shape)
+        # groups of 128 (the usual checkpoints); the tiny shape is 64 wide
+        declare_quantization(model_tmp.name, args.declare_quantization,
+                             group_size=128 if args.shape == "3b" else 32)
+        args.model_dir = model_tmp.name
     if not snac_dir and args.dummy_weights and args.snac_shape == "tiny":
         from rtserver.vocoder.snac_layout import write_tiny_snac
 
@@ -318,9 +335,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await voice.close()
         if tmp is not None:
             tmp.cleanup()
+        if model_tmp is not None:
+            model_tmp.cleanup()
     return {
         "benchmark": "orpheus engine/voice",
-        "weights": ("random (dummy): speed is real, sound is noise" if args.dummy_weights
+        "weights": ("random (dummy): speed is real, sound is noise" + (
+                        f"; layout declares 4-bit {args.declare_quantization}"
+                        if args.declare_quantization else "") if args.dummy_weights
                     else "random, audio-biased (write_random_orpheus): speed is real, sound "
                     "is noise" if args.write_random else "checkpoint"),
         "shape": args.shape if not args.model_dir else "model_dir",

@@ -43,6 +43,33 @@ _METHOD: dict[str, str] = {
 }
 
 
+# The quantization_config a 4-bit checkpoint of each method declares (AutoGPTQ
+# and AutoAWQ defaults: 4 bits, groups of 128): written into a random-weights
+# layout, vLLM's dummy loader builds that method's packed weights, so its
+# kernels' speed can be measured without a quantized checkpoint.
+CHECKPOINT_DECLARATIONS: dict[str, dict[str, object]] = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+             "sym": True},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+            "version": "gemm"},
+}
+
+
+def declare_quantization(model_dir: str | Path, method: str, *, group_size: int = 128
+                         ) -> None:
+    """Add ``method``'s declaration (``CHECKPOINT_DECLARATIONS``, groups of
+    ``group_size`` input channels: it must divide the layer widths) to a
+    checkpoint folder's ``config.json`` (random-weights layouts only)."""
+    if method not in CHECKPOINT_DECLARATIONS:
+        raise ValueError(f"no declaration for {method!r}; one of "
+                         f"{', '.join(CHECKPOINT_DECLARATIONS)}")
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["quantization_config"] = {**CHECKPOINT_DECLARATIONS[method],
+                                     "group_size": group_size}
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
 def method_of(name: str) -> str:
     """The method a checkpoint's ``quant_method`` or a kernel name belongs to."""
     key = name.strip().lower()

@@ -2,7 +2,7 @@
 
     python -m rtserver.vocoder.gpu_split [--device cuda] [--streams 64 128 192 256]
         [--dtype float32 bfloat16] [--no-graphs] [--segment-frames 47]
-        [--repeats 5] [--shape 24khz|tiny] [--json out.json]
+        [--repeats 5] [--max-chunk-frames 16 24 32] [--shape 24khz|tiny] [--json out.json]
 
 The shipped vocoder (``SnacVocoder`` with ``VocoderConfig`` defaults but
 ``dtype``; random weights of the real 24 kHz shape: the speed is real), warmed
@@ -26,6 +26,7 @@ of decoder time per second of audio per stream, and ``gpu_share`` = N x that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -58,6 +59,7 @@ class SplitRow:
     dtype: str
     workload: str  # "steady" | "segment"
     streams: int
+    max_chunk_frames: int  # the chunking's longest chunk (VocoderConfig default 16)
     calls: int
     call_sizes: dict[int, int]  # windows per call -> calls
     frames_decoded: int  # context and lookahead included
@@ -147,7 +149,8 @@ def measure(decoder: SnacDecoder, batcher: BatcherConfig, chunking: ChunkConfig,
     audio_s = emitted / rate
     d = float(np.median(dec_ms))
     per = d / audio_s
-    return SplitRow(dtype=dtype, workload=workload, streams=streams, calls=len(calls),
+    return SplitRow(dtype=dtype, workload=workload, streams=streams,
+                    max_chunk_frames=chunking.max_chunk_frames, calls=len(calls),
                     call_sizes=dict(sorted(Counter(len(c) for c in calls).items())),
                     frames_decoded=sum(w.n_frames for c in calls for w in c),
                     audio_s=round(audio_s, 3), decoder_ms=round(d, 3),
@@ -159,6 +162,7 @@ def build(shape: str, device: str, dtype: str, graphs: bool) -> tuple[SnacDecode
                                                                        VocoderConfig]:
     """The decoder as ``SnacVocoder.load`` builds it (random weights), warmed up."""
     config = VocoderConfig(dtype=dtype, cuda_graphs=graphs)
+    # (graphs are captured for the default chunking; longer windows run eager)
     model = build_snac({"24khz": SNAC24_CONFIG, "tiny": TINY_SNAC_CONFIG}[shape],
                        seed=config.dummy_seed)
     decoder = SnacDecoder(model, device=device, noise="positional",
@@ -171,18 +175,21 @@ def build(shape: str, device: str, dtype: str, graphs: bool) -> tuple[SnacDecode
 
 
 def run(*, shape: str, device: str, dtypes: Sequence[str], streams: Sequence[int],
-        graphs: bool, segment_frames: int, repeats: int) -> list[SplitRow]:
+        graphs: bool, segment_frames: int, repeats: int,
+        max_chunk_frames: Sequence[int] = (16,)) -> list[SplitRow]:
     rows: list[SplitRow] = []
     for dtype in dtypes:
         decoder, config = build(shape, device, dtype, graphs)
-        chunking = config.chunk_config(decoder.samples_per_frame)
         batcher = config.batcher_config(device)
-        for n in streams:
-            for workload in ("steady", "segment"):
-                rows.append(measure(decoder, batcher, chunking, dtype=dtype,
-                                    workload=workload, streams=n,
-                                    segment_frames=segment_frames, repeats=repeats))
-                print(_line(rows[-1]), flush=True)
+        for longest in max_chunk_frames:
+            chunking = dataclasses.replace(config, max_chunk_frames=longest).chunk_config(
+                decoder.samples_per_frame)
+            for n in streams:
+                for workload in ("steady", "segment"):
+                    rows.append(measure(decoder, batcher, chunking, dtype=dtype,
+                                        workload=workload, streams=n,
+                                        segment_frames=segment_frames, repeats=repeats))
+                    print(_line(rows[-1]), flush=True)
         del decoder
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -191,7 +198,8 @@ def run(*, shape: str, device: str, dtypes: Sequence[str], streams: Sequence[int
 
 def _line(r: SplitRow) -> str:
     sizes = " ".join(f"{k}x{v}" for k, v in r.call_sizes.items())
-    return (f"{r.dtype:8s} {r.workload:7s} {r.streams:4d} streams: {r.calls:3d} calls "
+    return (f"{r.dtype:8s} {r.workload:7s} {r.streams:4d} streams, chunks <= "
+            f"{r.max_chunk_frames} frames: {r.calls:3d} calls "
             f"[{sizes}] {r.frames_decoded} frames, decoder {r.decoder_ms:9.2f} ms "
             f"(wall {r.wall_ms:9.2f}) for {r.audio_s:8.2f} s of audio: "
             f"{r.ms_per_stream_s:7.3f} ms per stream-second, GPU share {r.gpu_share:.3f}")
@@ -218,15 +226,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--segment-frames", type=int, default=47,
                    help="frames per segment in the segment workload (47: ~4 s)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--max-chunk-frames", type=int, nargs="+", default=[16],
+                   help="longest chunk (frames): each value is a set of rows")
     p.add_argument("--json", default="", help="also write the rows and environment here")
     a = p.parse_args(argv)
-    if min(a.streams) < 1 or a.segment_frames < 1 or a.repeats < 1:
-        p.error("--streams, --segment-frames and --repeats must be >= 1")
+    if min(a.streams) < 1 or a.segment_frames < 1 or a.repeats < 1 or min(
+            a.max_chunk_frames) < 1:
+        p.error("--streams, --segment-frames, --repeats, --max-chunk-frames must be >= 1")
     t0 = time.perf_counter()
     env = _environment(a.device)
     print(f"random weights, {a.shape} shape; {env}", flush=True)
     rows = run(shape=a.shape, device=a.device, dtypes=a.dtype, streams=a.streams,
-               graphs=not a.no_graphs, segment_frames=a.segment_frames, repeats=a.repeats)
+               graphs=not a.no_graphs, segment_frames=a.segment_frames, repeats=a.repeats,
+               max_chunk_frames=a.max_chunk_frames)
     took = time.perf_counter() - t0
     print(f"took {took:.1f} s")
     if a.json:

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from rtserver.engine.quantization import declare_quantization, declared_quantization
 from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from rtserver.errors import ConfigError
 from rtserver.voices.orpheus_layout import write_tiny_orpheus
@@ -44,6 +45,20 @@ def test_vllm_accepts_the_arguments(tmp_path: Path, setting: str,
                                     settled: str | None) -> None:
     args = engine(tmp_path, setting, quant).engine_args()
     assert args.quantization == arg
+    assert args.create_engine_config().model_config.quantization == settled
+
+
+@pytest.mark.parametrize(("method", "settled"), [("gptq", "auto_gptq"), ("awq", "awq")])
+def test_declared_random_layouts_load_as_that_method(tmp_path: Path, method: str,
+                                                     settled: str) -> None:
+    """What the bench's --declare-quantization writes: vLLM settles on the method
+    (on the CPU; gptq_marlin / awq_marlin are CUDA's choices)."""
+    folder = write_tiny_orpheus(tmp_path, shape="tiny")
+    declare_quantization(folder, method)
+    assert declared_quantization(folder) == method
+    args = VllmEngine(VllmEngineConfig(model=str(folder), dummy_weights=True,
+                                       enforce_eager=True, max_model_len=512,
+                                       max_num_seqs=4)).engine_args()
     assert args.create_engine_config().model_config.quantization == settled
 
 

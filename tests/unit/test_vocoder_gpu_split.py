@@ -33,24 +33,29 @@ def test_the_command_runs_and_writes_its_rows(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "split.json"
     main(["--device", "cpu", "--shape", "tiny", "--streams", "3", "--segment-frames", "6",
-          "--repeats", "1", "--json", str(out)])
+          "--repeats", "1", "--max-chunk-frames", "16", "4", "--json", str(out)])
     printed = capsys.readouterr().out
     assert "ms per stream-second" in printed
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert [(r["dtype"], r["workload"]) for r in rows] == [
-        ("float32", "steady"), ("float32", "segment"),
-        ("bfloat16", "steady"), ("bfloat16", "segment")]
+    assert [(r["dtype"], r["max_chunk_frames"], r["workload"]) for r in rows] == [
+        (d, m, w) for d in ("float32", "bfloat16") for m in (16, 4)
+        for w in ("steady", "segment")]
     assert data["environment"]["device"] == "cpu" and "--shape tiny" in data["command"]
     for r in rows:
         assert r["streams"] == 3
+        chunking = ChunkConfig(max_chunk_frames=r["max_chunk_frames"])
         assert sum(int(k) * v for k, v in r["call_sizes"].items()) == \
-            (3 if r["workload"] == "steady" else 3 * len(segment_jobs(ChunkConfig(), 6)))
+            (3 if r["workload"] == "steady" else 3 * len(segment_jobs(chunking, 6)))
         assert r["decoder_ms"] > 0
         assert r["ms_per_stream_s"] == pytest.approx(r["decoder_ms"] / r["audio_s"], rel=1e-2)
         assert r["gpu_share"] == pytest.approx(3 * r["ms_per_stream_s"] / 1e3, rel=1e-2)
-    steady, segment = rows[0], rows[1]
+    steady, segment, steady4 = rows[0], rows[1], rows[2]
     assert steady["audio_s"] == pytest.approx(3 * 16 * F / 24000, abs=1e-3)
     assert segment["audio_s"] == pytest.approx(3 * 6 * F / 24000, abs=1e-3)
+    assert steady4["audio_s"] == pytest.approx(3 * 4 * F / 24000, abs=1e-3)
+    # shorter chunks decode more context and lookahead per second of audio
+    assert steady4["frames_decoded"] / steady4["audio_s"] > \
+        steady["frames_decoded"] / steady["audio_s"]
     with pytest.raises(SystemExit):
         main(["--streams", "0"])
