@@ -269,7 +269,9 @@ class _StatSink(StatLoggerBase):
             live.preemptions += iteration_stats.num_preempted_reqs
             if iteration_stats.num_generation_tokens:
                 live.steps += 1
-            itl = iteration_stats.inter_token_latencies_iter
+            # (an attribute of vLLM's IterationStats since its V1 metrics; read
+            # defensively: an error here would stop vLLM's output handler)
+            itl = getattr(iteration_stats, "inter_token_latencies_iter", ())
             live.itl_sum += sum(itl)
             live.itl_n += len(itl)
 
