@@ -144,8 +144,10 @@ async def user(url: str, index: int, deadline: float, totals: Totals, bargein_ev
                     listen_s = await one_turn(client, rng, totals,
                                               bargein=n % bargein_every == 0, n=n)
                     await asyncio.sleep(listen_s)
-        except RtClientError as exc:
-            totals.failures.append(f"user {index}: {exc!r}")
+        except (RtClientError, TimeoutError, OSError) as exc:  # counted, then reconnect
+            totals.failed += 1
+            totals.failures.append(f"user {index} at {time.monotonic() - deadline:+.0f} s: "
+                                   f"{exc!r}")
             await asyncio.sleep(1.0)
         totals.reconnects += 1
 
