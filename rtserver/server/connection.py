@@ -3,6 +3,15 @@ task group. The protocol decisions are the sans-I/O ``Session``'s, the
 speech is the core's (``rtserver.core``: each context writes into this
 connection's ``Outbox``, its sink); this shell carries out the session's
 actions and moves bytes through a ``WsTransport``.
+
+Limits (docs/DESIGN.md, "Limits and failure modes"): the reader takes at
+most ``messages_per_s`` messages a second (a sustained flood closes 1008) and
+yields to the loop after each one, so one connection's input cannot starve the
+others; replies waiting to be sent are capped (``max_queued_messages``, 1008);
+an idle connection closes after ``idle_timeout_s``; each ``start`` and
+``text`` passes the server's ``Gate`` (draining, breakers, per-key rates, the
+first-heard target). A peer that leaves ends the connection quietly; any
+other failure is logged and closes it 1011.
 """
 
 from __future__ import annotations
@@ -14,7 +23,15 @@ import logging
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.core import AudioFrames, Finished, SpeechContext
-from rtserver.errors import CloseCode, Overloaded, RtError
+from rtserver.errors import (
+    CloseCode,
+    ControlFlood,
+    InternalError,
+    Overloaded,
+    RateLimited,
+    RtError,
+)
+from rtserver.metrics import REJECT_REASONS
 from rtserver.protocol.messages import ErrorMessage, ServerMessage, Started, encode_server_message
 from rtserver.protocol.session import (
     CancelContext,
@@ -30,6 +47,10 @@ from rtserver.protocol.session import (
     error_message,
 )
 from rtserver.protocol.wire import encode_audio_message
+from rtserver.server.admission import predicted_first_heard_ms
+from rtserver.server.gate import MessagePace, plan_first_chunks, reject_reason
+from rtserver.server.guards import Unauthorized
+from rtserver.server.http import identify
 from rtserver.server.outbox import ControlItem, Outbox
 from rtserver.server.state import AppState
 from rtserver.server.transport import WsTransport
@@ -50,6 +71,8 @@ class Connection:
             voice_aliases=app.voice_aliases, families=app.families)
         self.outbox = Outbox(capacity_ms=cfg.send_queue_ms)
         self.live: dict[str, SpeechContext] = {}
+        self.key = client_key(ws, app)  # whose rate limits this connection counts against
+        self._pace = MessagePace(cfg, app.clock.now())
         self._tasks: set[asyncio.Task[None]] = set()
         self._group: asyncio.TaskGroup | None = None
 
@@ -67,18 +90,23 @@ class Connection:
                 writer.cancel()
                 for task in self._tasks:
                     task.cancel()
-        except* Overloaded as eg:
+        except* (Overloaded, ControlFlood) as eg:
             err = eg.exceptions[0]
-            assert isinstance(err, RtError)
+            assert isinstance(err, RtError) and err.close_code is not None
             metrics.errors.labels(err.code.value).inc()
-            close = CloseConnection(CloseCode.TRY_AGAIN_LATER, "overloaded")
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await self.ws.send(encode_server_message(error_message(err)))
+            if isinstance(err, ControlFlood):
+                metrics.rejected.labels("control_flood").inc()
+            close = CloseConnection(err.close_code, err.message[:120])
+            await self._last_word(err)
         except* _Closing as eg:
             close = eg.exceptions[0].args[0]
-        except* (ConnectionClosed, ConnectionError):
-            pass
+        except* ConnectionClosed:
+            pass  # the peer left: nobody to tell
+        except* Exception as eg:  # our bug: say so, log it, and close 1011
+            log.error("connection failed", exc_info=eg.exceptions[0])
+            metrics.errors.labels("internal").inc()
+            close = CloseConnection(CloseCode.INTERNAL, "internal error")
+            await self._last_word(InternalError("internal error"))
         finally:
             self.outbox.close()
             metrics.connections.dec()
@@ -88,18 +116,40 @@ class Connection:
         if close is not None:
             await self.ws.close(close.code, close.reason)
 
+    async def _last_word(self, err: RtError) -> None:
+        """The error before a close, sent past the queue; a client that does not
+        read does not get it (and is not waited for)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await self.ws.send(encode_server_message(error_message(err)))
+
     # --- reading ---------------------------------------------------------------
 
     async def _reader(self) -> None:
+        idle_s = self.app.config.server.idle_timeout_s
+        pace = self._pace
         while True:
             try:
-                data = await self.ws.recv()
+                if idle_s > 0 and not self.live:
+                    async with asyncio.timeout(idle_s):
+                        data = await self.ws.recv()
+                else:
+                    data = await self.ws.recv()
             except ConnectionClosed:
                 return
+            except TimeoutError:
+                raise _Closing(CloseConnection(CloseCode.NORMAL, "idle")) from None
+            # the client's message rate: past it, this reader waits (and TCP
+            # pushes back on the client); a sustained flood raises ControlFlood
+            wait = pace.wait_s(self.app.clock.now())
+            if wait > 0:  # one wait is enough: the bucket holds a token after it
+                await asyncio.sleep(wait)
+                pace.wait_s(self.app.clock.now())
             actions = (self.session.receive_text(data) if isinstance(data, str)
                        else self.session.receive_binary(data))
             for action in actions:
                 await self._do(action)
+            await asyncio.sleep(0)  # a fair share: other connections and our writer run
 
     async def _do(self, action: object) -> None:
         if isinstance(action, Reply):
@@ -107,7 +157,7 @@ class Connection:
         elif isinstance(action, OpenContext):
             self._open(action)
         elif isinstance(action, FeedText):
-            self.live[action.context].feed(action.text)
+            self._feed(action)
         elif isinstance(action, FlushContext):
             self.live[action.context].flush()
         elif isinstance(action, EndContext):
@@ -122,17 +172,61 @@ class Connection:
             raise _Closing(action)
 
     def _reply(self, message: ServerMessage, context: str | None = None) -> None:
+        """A reply to the client's own message. Replies it has not read count
+        against ``max_queued_messages``: past it, it floods (1008)."""
+        if self.outbox.control_count >= self.app.config.server.max_queued_messages:
+            raise ControlFlood("the client sends faster than it reads its replies; closing")
         if isinstance(message, ErrorMessage):
             self.app.metrics.errors.labels(message.code).inc()
         self.outbox.put_control(message, context)
 
+    def _refuse(self, err: RtError) -> None:
+        reason = reject_reason(err)
+        if reason in REJECT_REASONS:
+            self.app.metrics.rejected.labels(reason).inc()
+        self._reply(error_message(err))
+
+    def _feed(self, action: FeedText) -> None:
+        try:
+            self.app.gate.text(self.key, len(action.text), self.app.clock.now(), action.context)
+        except RateLimited as err:
+            self.session.refund(action.context, len(action.text))
+            self._refuse(err)
+            return
+        self.live[action.context].feed(action.text)
+
+    def _predicted_first_heard_ms(self, voice: str) -> float:
+        """Time to first heard audio of a new context on ``voice`` now: r at the
+        load with it added (and of segments in flight, when slower), the chunks
+        its first hint will plan with (admission.predicted_first_heard_ms)."""
+        stats = self.app.voice_stats[voice]
+        hints = self.app.config.hints
+        now = self.app.clock.now()
+        live = stats.live.percentile(hints.percentile)
+        if stats.rtf.count == 0 and live is None:
+            return 0.0  # nothing measured yet (no warm-up): no ground to refuse on
+        rtf = stats.rtf.percentile(hints.percentile, now, load=stats.load.active + 1)
+        info = self.app.voices[voice].info
+        chunks, cost = plan_first_chunks(info.chunk_plan_ms, info.chunk_cost_ms,
+                                         stats.audio_ms_per_char,
+                                         self.app.config.segmenter.limit)
+        return predicted_first_heard_ms(max(rtf, live or 0.0), chunks, hints.jitter_ms,
+                                        cost_ms=cost)
+
     def _open(self, action: OpenContext) -> None:
         start = action.start
+        try:
+            self.app.gate.start(self.key, action.voice, self.app.clock.now(), start.context,
+                                lambda: self._predicted_first_heard_ms(action.voice))
+        except RtError as err:  # refused: it was never open
+            self.session.forget(start.context)
+            self._refuse(err)
+            return
         try:
             ctx = self.app.core.open(start, self.outbox, stream=action.stream,
                                      voice=action.voice)
         except RtError as err:  # the session checked the options; the core agrees
-            self.session.context_finished(start.context, -1)
+            self.session.forget(start.context)
             self._reply(error_message(err))
             return
         self.outbox.put_control(Started(
@@ -182,10 +276,10 @@ class Connection:
                 metrics.audio_seconds.labels(ledger.voice).inc(item.audio_ms / 1000.0)
                 metrics.queue_ms.observe(outbox.queued_ms)
             elif isinstance(item, ControlItem):
-                data = encode_server_message(item.message)
+                data = _encode(item.message, item.context)
             else:
                 assert isinstance(item, Finished)
-                data = encode_server_message(item.done())
+                data = _encode(item.done(), item.context)
                 self._finished(item.context)
             try:
                 async with asyncio.timeout(overload_s):
@@ -193,6 +287,30 @@ class Connection:
             except TimeoutError:
                 raise Overloaded(
                     f"the client read nothing for {overload_s:g} s; closing") from None
+
+
+def client_key(ws: WsTransport, app: AppState) -> str:
+    """The key this connection's rate limits count against: its API key's id
+    (or the key that minted its token), else its address. The handshake
+    already checked the credential (``http.admit_websocket``)."""
+    request = getattr(ws, "request", None)
+    if request is None:
+        return "unknown"
+    try:
+        return identify(app, request).key
+    except Unauthorized:  # not reached: the handshake refused it
+        return "unknown"
+
+
+def _encode(message: ServerMessage, context: str | None) -> str:
+    """The JSON text of ``message``; should it not encode (our bug), an
+    ``internal`` error for its context instead: the writer never dies of it."""
+    try:
+        return encode_server_message(message)
+    except (TypeError, ValueError) as exc:
+        log.error("could not encode %s: %s", type(message).__name__, exc)
+        return encode_server_message(error_message(InternalError("internal error",
+                                                                 context=context)))
 
 
 class _Closing(Exception):

@@ -35,6 +35,7 @@ class Outbox:
     capacity_ms: int
     _items: deque[Item] = field(default_factory=deque)
     _queued_ms: int = 0
+    _controls: int = 0  # control messages queued (the connection caps its replies)
     _nonempty: asyncio.Event = field(default_factory=asyncio.Event)
     _space: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
@@ -48,6 +49,11 @@ class Outbox:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def control_count(self) -> int:
+        """Control messages (JSON) queued and not yet taken by the writer."""
+        return self._controls
 
     # --- the Sink ----------------------------------------------------------------
 
@@ -78,6 +84,7 @@ class Outbox:
                     urgent: bool = False) -> None:
         """Control messages are small and never wait; ``urgent`` jumps the queue."""
         item = ControlItem(message, context)
+        self._controls += 1
         if urgent:
             self._items.appendleft(item)
         else:
@@ -93,6 +100,8 @@ class Outbox:
                 dropped += len(item.frames)
                 self._queued_ms -= item.audio_ms
             elif isinstance(item, (ControlItem, Finished)) and item.context == context:
+                if isinstance(item, ControlItem):
+                    self._controls -= 1
                 continue
             else:
                 kept.append(item)
@@ -111,7 +120,9 @@ class Outbox:
             self._nonempty.clear()
             await self._nonempty.wait()
         item = self._items.popleft()
-        if isinstance(item, AudioFrames):
+        if isinstance(item, ControlItem):
+            self._controls -= 1
+        elif isinstance(item, AudioFrames):
             self._queued_ms -= item.audio_ms
             if (not item.last and self._items and len(item.frames) < max_frames
                     and isinstance(self._items[0], AudioFrames)):

@@ -3,6 +3,8 @@ during start-up; both exit 0."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -10,10 +12,46 @@ import time
 from pathlib import Path
 
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
-from rtserver.bench.server_proc import free_port, http_get, rtserver_command
+from rtserver.bench.server_proc import free_port, http_get, rtserver_command, spawn
 
 pytestmark = pytest.mark.slow
+
+
+async def test_sigterm_drains_contexts_in_flight_then_exits_0(tmp_path: Path) -> None:
+    port = free_port()
+    server = spawn(rtserver_command(port, None), port, tmp_path / "server.log",
+                   env={**os.environ, "RTSERVER_SERVER_DRAIN_TIMEOUT_S": "20"})
+    try:
+        async with connect(server.url, compression=None) as ws:
+            json.loads(await ws.recv())
+            await ws.send(json.dumps({"type": "start", "context": "a"}))
+            await ws.send(json.dumps({"type": "text", "context": "a", "text":
+                                      "This sentence is spoken to the end while the "
+                                      "server drains, and then the server goes away."}))
+            await ws.send(json.dumps({"type": "end", "context": "a"}))
+            while True:  # the first audio is out: a context in flight
+                if isinstance(await asyncio.wait_for(ws.recv(), 30), bytes):
+                    break
+            os.kill(server.pid, signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            assert http_get(f"http://127.0.0.1:{port}/ready")[0] == 503
+            await ws.send(json.dumps({"type": "start", "context": "b"}))
+            seen: list[dict[str, object]] = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    msg = await asyncio.wait_for(ws.recv(), 30)
+                    if isinstance(msg, str):
+                        seen.append(json.loads(msg))
+            assert ws.close_code == 1001
+        assert any(m["type"] == "done" and m["context"] == "a" for m in seen)
+        assert any(m["type"] == "error" and m["code"] == "overloaded" and m["context"] == "b"
+                   for m in seen)
+        assert server.process.wait(30) == 0
+    finally:
+        server.stop()
 
 
 def test_sigterm_during_start_up_exits_0(tmp_path: Path) -> None:
