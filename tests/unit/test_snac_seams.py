@@ -192,14 +192,17 @@ def test_crossfade_softens_the_approximate_seam(decoder: SnacDecoder, codes: np.
 
 
 @pytest.mark.slow
-def test_real_shape_seams() -> None:
-    real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0))
+@pytest.mark.parametrize("dtype", list(DTYPE_FLOOR_DB))
+def test_real_shape_seams(dtype: str) -> None:
+    # bf16 on the real shape: exact seams -25.5 dB at worst (measure seams --dtype)
+    floor = DTYPE_FLOOR_DB[dtype]
+    real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0), dtype=dtype)
     codes = random_codes(60, seed=1)
     exact = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SUPPORT)
     report = seam_report(real, codes, exact)
-    assert report.worst_db < EXACT_DB
+    assert report.worst_db < floor
     report = seam_report(real, codes, ChunkConfig())
-    assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < EXACT_DB
+    assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < floor
 
 
 # --- determinism and batching ------------------------------------------------------
