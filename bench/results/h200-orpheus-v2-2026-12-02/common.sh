@@ -13,7 +13,7 @@ cat "$OUT/env-$(basename "$0" .sh).txt"
 # and SNAC 24 kHz at its real shape, random: both through the real loaders.
 if [ ! -f "$CKPT/model.safetensors" ]; then
   t=$(date +%s)
-  python3 -m rtserver.testing.tiny_orpheus "$CKPT" --shape $SHAPE --weights audio-biased
-  python3 -m rtserver.testing.tiny_snac "$CKPT/snac" --shape $SNAC_SHAPE
+  python3 -m rtserver.voices.orpheus_layout "$CKPT" --shape $SHAPE --weights audio-biased
+  python3 -m rtserver.vocoder.snac_layout "$CKPT/snac" --shape $SNAC_SHAPE
   echo "checkpoints written in $(( $(date +%s) - t )) s"
 fi
