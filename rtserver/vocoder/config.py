@@ -35,15 +35,17 @@ class VocoderConfig:
     graph_max_frames: int = 24  # longest window (frames) a graph is captured for
     graph_max_cells: int = 512  # largest batch x frames a graph is captured for (50 graphs)
     dummy_seed: int = 0  # --dummy-weights: seed of the random weights
-    # The decoder's dtype, eager and in graphs: "float32" or "bfloat16" (cheaper
-    # per stream-second on a GPU; its seam and full-decode error: snac_model).
+    # The decoder's dtype, eager and in graphs: "float32", "bfloat16" or
+    # "float16" (cheaper per stream-second on a GPU; their seam and full-decode
+    # error: snac_model).
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.noise not in ("positional", "off"):
             raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', not {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', not "
+                             f"{self.dtype!r}")
         self.chunk_config(2048)  # validates the chunking fields
 
     def chunk_config(self, samples_per_frame: int) -> ChunkConfig:

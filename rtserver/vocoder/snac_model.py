@@ -33,13 +33,15 @@ default TF32 convolutions put a decode about -51 dB (re RMS, random weights)
 from the float32 CPU decode, and two window shapes that far from each other;
 this module leaves that process-wide switch alone (vLLM shares the process).
 Measured there too: float16 weights -44 dB for ~1.1-1.4x at 64+ windows,
-bfloat16 -25 dB. ``dtype="bfloat16"`` runs the decoder (weights and
-activations; the quantizer's lookups stay float32) in bfloat16, eager and in
-graphs, and returns float32 audio. It is off by default: on the CPU, real
-24 kHz shape with random weights, a bf16 full decode is -24.8 dB (max |error|
-re RMS; ~-39 dB RMS error) from the float32 one, and exact seams become
--26 dB (float32: below -120 dB), missing the -40 dB target (``python -m
-rtserver.vocoder.measure seams --shape 24khz --dtype bfloat16``).
+bfloat16 -25 dB. ``dtype="bfloat16"`` or ``"float16"`` runs the decoder
+(weights and activations; the quantizer's lookups stay float32) in that dtype,
+eager and in graphs, and returns float32 audio. Both are off by default. On
+the CPU, real 24 kHz shape, random weights (max |error| re RMS): a bf16 full
+decode is -24.8 dB from the float32 one (~-39 dB RMS error) and its exact
+seams -26 dB (float32: below -120 dB), missing the -40 dB target (``python -m
+rtserver.vocoder.measure seams --shape 24khz --dtype bfloat16``); float16 is
+-44.9 dB (-57.7 dB RMS, 12 frames), but its range (65504) is unproven on real
+checkpoints' activations.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ from torch.nn.utils import parametrize
 FloatArray = npt.NDArray[np.float32]
 NoiseMode = Literal["positional", "off"]
 # Decoder dtypes that ship (the seam tests cover each).
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                  "float16": torch.float16}
 
 # hubertsiuzdak/snac_24khz config.json; checked against snac 1.2.1 ``SNAC.__init__``
 # (every key is one of its arguments; latent_dim defaults to 48 * 2**4 = 768).

@@ -39,7 +39,7 @@ def test_the_command_runs_and_writes_its_rows(tmp_path: Path,
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert [(r["dtype"], r["max_chunk_frames"], r["workload"]) for r in rows] == [
-        (d, m, w) for d in ("float32", "bfloat16") for m in (16, 4)
+        (d, m, w) for d in ("float32", "bfloat16", "float16") for m in (16, 4)
         for w in ("steady", "segment")]
     assert data["environment"]["device"] == "cpu" and "--shape tiny" in data["command"]
     for r in rows:
