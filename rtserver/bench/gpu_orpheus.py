@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--quantization", default="",
                    help="[orpheus] quantization: '' (bf16 / the checkpoint's), fp8, awq, ...")
-    p.add_argument("--vocoder-dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--vocoder-dtype", choices=["float32", "bfloat16", "float16"],
+                   default="float32")
     p.add_argument("--declare-quantization", choices=["", "gptq", "awq"], default="",
                    help="with --dummy-weights and no --model-dir: the random layout declares "
                         "a 4-bit checkpoint of this method (its kernels' speed, random weights)")
