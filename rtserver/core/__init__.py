@@ -8,7 +8,15 @@ are sinks.
 """
 
 from rtserver.core.context import SpeechContext
-from rtserver.core.events import AudioFrames, ControlEvent, Event, Finished, Ledger, Sink
+from rtserver.core.events import (
+    AudioFrames,
+    ControlEvent,
+    Event,
+    Finished,
+    Ledger,
+    Sink,
+    SinkClosed,
+)
 from rtserver.core.speech import SpeechCore
 from rtserver.core.stats import ServerLoad, VoiceStats
 from rtserver.core.stream import ContextStream, EventQueue, StreamEvent, speak
@@ -23,6 +31,7 @@ __all__ = [
     "Ledger",
     "ServerLoad",
     "Sink",
+    "SinkClosed",
     "SpeechContext",
     "SpeechCore",
     "StreamEvent",

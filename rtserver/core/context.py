@@ -25,7 +25,7 @@ from rtserver.audio.framer import SAMPLE_RATES, Framer, PcmS16Framer
 from rtserver.audio.opus import OpusFramer
 from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
-from rtserver.core.events import AudioFrames, Finished, Ledger, Sink
+from rtserver.core.events import AudioFrames, Finished, Ledger, Sink, SinkClosed
 from rtserver.core.stats import VoiceStats
 from rtserver.errors import EngineFailed, InternalError, RtError
 from rtserver.pacing.hints import ahead_ms, prebuffer_ms
@@ -151,7 +151,7 @@ class SpeechContext:
             err.context = self.context
             log.warning("context failed: %s (%s)", err.message, err.code.value)
             failure = err
-        except* ConnectionError:
+        except* SinkClosed:  # the client left; any other error is reported below
             closed = True
         except* Exception as eg:
             log.exception("context crashed", exc_info=eg.exceptions[0])
@@ -320,7 +320,7 @@ class SpeechContext:
                                 pending_start = False
                                 if head:
                                     await asyncio.sleep(0)  # let the sink deliver them now
-            except (RtError, ConnectionError):
+            except (RtError, SinkClosed):
                 raise
             except Exception as exc:  # a voice bug fails this context only
                 raise EngineFailed(f"voice failed: {exc}", context=self.context) from exc

@@ -77,12 +77,17 @@ class Finished:
 Event = ControlEvent | AudioFrames | Finished
 
 
+class SinkClosed(ConnectionError):
+    """The sink is closed (its client left): nothing more can be delivered.
+    Only this ends a context quietly; any other error is reported."""
+
+
 class Sink(Protocol):
     """Where one or more contexts' events go, in the order they are put.
 
     ``control`` and ``finish`` never wait. ``audio`` may wait while the sink
     is full (the context's producer waits with it) and raises
-    ``ConnectionError`` once the sink is closed. ``fence`` drops every event
+    ``SinkClosed`` once the sink is closed. ``fence`` drops every event
     of the context not yet delivered (cancel); ``urgent`` control jumps ahead.
     """
 

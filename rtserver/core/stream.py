@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from rtserver.core.events import AudioFrames, ControlEvent, Event, Finished
+from rtserver.core.events import AudioFrames, ControlEvent, Event, Finished, SinkClosed
 from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, Start
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class EventQueue:
             self._space.clear()
             await self._space.wait()
         if self.closed:
-            raise ConnectionError("the event queue is closed")
+            raise SinkClosed("the event queue is closed")
         self._items.append(event)
         self._queued_ms += event.audio_ms
         self._nonempty.set()
@@ -78,7 +78,7 @@ class EventQueue:
         self._space.set()
 
     def close(self) -> None:
-        """Wake a waiting producer; later puts raise ``ConnectionError``."""
+        """Wake a waiting producer; later puts raise ``SinkClosed``."""
         self.closed = True
         self._space.set()
         self._nonempty.set()
@@ -88,7 +88,7 @@ class EventQueue:
         ``Finished`` becomes its ``Done``."""
         while not self._items:
             if self.closed:
-                raise ConnectionError("the event queue is closed")
+                raise SinkClosed("the event queue is closed")
             self._nonempty.clear()
             await self._nonempty.wait()
         item = self._items.popleft()

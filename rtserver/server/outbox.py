@@ -17,7 +17,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from rtserver.core.events import AudioFrames, ControlEvent, Finished
+from rtserver.core.events import AudioFrames, ControlEvent, Finished, SinkClosed
 from rtserver.protocol.messages import ServerMessage
 
 
@@ -66,7 +66,7 @@ class Outbox:
             self._space.clear()
             await self._space.wait()
         if self.closed:
-            raise ConnectionError("connection closed")
+            raise SinkClosed("connection closed")
         self._items.append(event)
         self._queued_ms += event.audio_ms
         self._nonempty.set()
@@ -146,7 +146,7 @@ class Outbox:
         return item
 
     def close(self) -> None:
-        """Wake every waiting producer; later puts raise ConnectionError."""
+        """Wake every waiting producer; later puts raise ``SinkClosed``."""
         self.closed = True
         self._space.set()
         self._nonempty.set()

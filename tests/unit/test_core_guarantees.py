@@ -16,6 +16,7 @@ from rtserver.core import (
     AudioFrames,
     ControlEvent,
     Finished,
+    SinkClosed,
     SpeechCore,
     speak,
 )
@@ -92,7 +93,7 @@ class RecordingSink:
 
     async def audio(self, event: AudioFrames) -> None:
         if self.closed:
-            raise ConnectionError("closed")
+            raise SinkClosed("closed")
         if not self.hold:
             event.ledger.delivered(event.seq + len(event.frames) - 1)
             self.events.append(event)
@@ -310,4 +311,26 @@ def test_options_the_core_cannot_serve_are_refused_with_their_code() -> None:
         core.open(Start(context="c", sample_rate=44100), sink)
     assert [getattr(e.value, "code", None) for e in (e1, e2)] == ["unknown_voice",
                                                                   "unsupported_format"]
+    assert core.load.active == 0
+
+
+async def test_a_voice_that_raises_a_connection_error_fails_its_context_loudly() -> None:
+    """Only SinkClosed (the client left) ends a context quietly: a voice's own
+    ConnectionError (an engine's socket, say) is its fault, engine_failed."""
+
+    class Dropping(FakeVoice):
+        async def synthesize(self, request: SynthesisRequest
+                             ) -> AsyncGenerator[PcmChunk, None]:
+            yield PcmChunk(np.full(RATE // 20, 0.1, np.float32), RATE)
+            raise ConnectionResetError("the engine's socket dropped")
+
+    clock = ManualClock()
+    core = core_with(Dropping(clock), clock)
+    sink = RecordingSink()
+    ctx = core.open(Start(context="c", **PCM), sink)
+    ctx.feed("Hello there.")
+    ctx.end()
+    assert await ctx.run() == "failed"
+    error = sink.events[-1]
+    assert isinstance(error, ErrorMessage) and error.code == "engine_failed"
     assert core.load.active == 0
