@@ -166,18 +166,19 @@ class SessionMachine(RuleBasedStateMachine):
                 and isinstance(actions[0].message, ErrorMessage):
             assert (dict(self.s._contexts), list(self.s.open_contexts)) == before
         else:  # it was valid after all: keep the model in step
-            for action in actions:
+            for action in actions:  # (the hostile value may be the context's name)
                 if isinstance(action, OpenContext):
-                    self.model[name] = {"state": "open", "chars": 0,
-                                        "stream": action.stream}
-                    self.finished.pop(name, None)
+                    opened = action.start.context
+                    self.model[opened] = {"state": "open", "chars": 0,
+                                          "stream": action.stream}
+                    self.finished.pop(opened, None)
                 elif isinstance(action, EndContext):
-                    self.model[name]["state"] = "ending"
+                    self.model[action.context]["state"] = "ending"
                 elif isinstance(action, CancelContext):
-                    self.model[name]["state"] = "cancelling"
+                    self.model[action.context]["state"] = "cancelling"
                 elif isinstance(action, FeedText):
-                    chars = int(self.model[name]["chars"])  # type: ignore[call-overload]
-                    self.model[name]["chars"] = chars + len(action.text)
+                    entry = self.model[action.context]
+                    entry["chars"] = int(entry["chars"]) + len(action.text)  # type: ignore[call-overload]
 
     @rule(data=st.binary(max_size=64))
     def garbage(self, data: bytes) -> None:
