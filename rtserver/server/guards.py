@@ -1,7 +1,7 @@
 """Handshake checks, pure: the transport calls them before it accepts a
 WebSocket (or serves an authenticated HTTP request) and maps the answer to
-a status: 401 ``Unauthorized``, 403 ``Forbidden``, 503 when ``ConnectionSlots``
-is full, 429 ``RateLimited``.
+a status: 401 ``Unauthorized``, 403 ``Forbidden`` (the connection count and
+rate are ``http.admit_websocket``'s).
 """
 
 from __future__ import annotations
@@ -75,27 +75,5 @@ def authenticate(credential: str, keys: Sequence[str], secret: bytes, now: float
     raise Unauthorized("missing API key or token")
 
 
-class ConnectionSlots:
-    """``max_connections`` counted at the handshake: ``acquire`` before
-    accepting (False when full), ``release`` exactly once when that connection
-    ends or its handshake fails. Single-threaded (the event loop), so the
-    check and the count are one step."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def acquire(self) -> bool:
-        if self.used >= self.limit:
-            return False
-        self.used += 1
-        return True
-
-    def release(self) -> None:
-        if self.used <= 0:
-            raise RuntimeError("released a connection slot that was not held")
-        self.used -= 1
-
-
-__all__ = ["ConnectionSlots", "Forbidden", "Identity", "Unauthorized", "authenticate",
+__all__ = ["Forbidden", "Identity", "Unauthorized", "authenticate",
            "bearer", "check_origin", "query_token"]

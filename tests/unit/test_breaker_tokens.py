@@ -10,7 +10,6 @@ import pytest
 from rtserver.errors import EngineUnavailable
 from rtserver.server.breaker import BreakerState, CircuitBreaker
 from rtserver.server.guards import (
-    ConnectionSlots,
     Forbidden,
     Unauthorized,
     authenticate,
@@ -144,18 +143,6 @@ def test_origin_allow_list() -> None:
                 "http://app.example"]:
         with pytest.raises(Forbidden):
             check_origin(bad, allowed)
-
-
-def test_connection_slots_count_at_the_handshake() -> None:
-    slots = ConnectionSlots(2)
-    assert slots.acquire() and slots.acquire() and not slots.acquire()
-    slots.release()
-    assert slots.acquire()
-    slots.release()
-    slots.release()
-    with pytest.raises(RuntimeError):
-        slots.release()
-        slots.release()
 
 
 def test_fd_limit_is_raised_toward_the_wanted_count(caplog: pytest.LogCaptureFixture) -> None:
