@@ -17,7 +17,10 @@ log = logging.getLogger("rtserver.server")
 
 
 class GuardedVoice:
-    """``voice`` with its outcomes reported to ``gate`` (the Voice protocol)."""
+    """``voice`` with its outcomes reported to ``gate`` (the Voice protocol).
+
+    ``inner`` is the wrapped voice itself (for tools and tests that need the
+    concrete voice; see ``unwrap``)."""
 
     def __init__(self, voice: Voice, gate: Gate, clock: Callable[[], float],
                  on_dead: Callable[[str, BaseException], None] | None = None) -> None:
@@ -62,4 +65,11 @@ class GuardedVoice:
                 await aclose()
 
 
-__all__ = ["GuardedVoice"]
+def unwrap(voice: Voice) -> Voice:
+    """The voice under any ``GuardedVoice`` wrappers (``voice`` itself if none)."""
+    while isinstance(voice, GuardedVoice):
+        voice = voice.inner
+    return voice
+
+
+__all__ = ["GuardedVoice", "unwrap"]

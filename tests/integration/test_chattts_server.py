@@ -66,10 +66,11 @@ def get_json(url: str) -> dict[str, list[dict[str, str]]]:
 
 
 def _engine(server: ServerThread) -> object:
+    from rtserver.server.guarded import unwrap
     from rtserver.voices.chattts.voice import ChatTTSVoice
 
     assert server.server is not None and server.server.app is not None
-    voice = server.server.app.voices["chattts:alice"]
+    voice = unwrap(server.server.app.voices["chattts:alice"])
     assert isinstance(voice, ChatTTSVoice)
     return voice.runtime.engine
 

@@ -13,7 +13,7 @@ from rtserver.audio.pcm import PcmChunk
 from rtserver.config import AdmissionConfig
 from rtserver.errors import EngineDead, EngineUnavailable
 from rtserver.server.gate import Gate
-from rtserver.server.guarded import GuardedVoice
+from rtserver.server.guarded import GuardedVoice, unwrap
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 
 CHUNK = PcmChunk(np.zeros(100, dtype=np.float32), 16000)
@@ -88,3 +88,11 @@ async def test_stopping_early_closes_the_inner_voice() -> None:
             break
     assert inner.closed == 1
     assert gate.engine_up("v:x", 0.0)
+
+
+def test_unwrap_reaches_the_loaded_voice() -> None:
+    inner = Scripted(0)
+    _, voice, _ = setup(inner)
+    assert voice.inner is inner
+    assert unwrap(voice) is inner  # type: ignore[arg-type]
+    assert unwrap(inner) is inner  # type: ignore[arg-type]
