@@ -198,3 +198,24 @@ SessionMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestSessionFuzz = SessionMachine.TestCase
+
+
+def test_hostile_start_whose_context_is_a_valid_name_opens_that_name() -> None:
+    """Hypothesis' counterexample: a "hostile" start whose context is the raw
+    JSON string "0" is a valid start (1-64 characters) and opens context "0",
+    not the name the rule drew; the model follows it and the session agrees."""
+    machine = SessionMachine()
+    machine.start(name="a", voice=None)
+    machine.hostile(kind="start", name="a", field="context", raw='"0"')
+    machine.matches_model()
+    assert sorted(machine.s.open_contexts) == ["0", "a"]
+    machine.hostile(kind="text", name="a", field="context", raw='"0"')  # no text: nothing
+    machine.flush_or_end(name="a", kind="end")
+    machine.hostile(kind="cancel", name="b", field="context", raw='"0"')
+    machine.matches_model()
+    assert machine.model["0"]["state"] == "cancelling"
+    assert machine.model["a"]["state"] == "ending"
+    machine.hostile(kind="start", name="b", field="context", raw="0")  # a number: refused
+    machine.matches_model()
+    assert sorted(machine.s.open_contexts) == ["0", "a"]
+    machine.teardown()
