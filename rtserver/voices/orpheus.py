@@ -47,11 +47,11 @@ from rtserver.engine.quantization import (
     resolve_quantization,
 )
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
-from rtserver.vocoder.chunking import stream_plan
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices import orpheus_tokens as ot
-from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
+from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
+from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -224,15 +224,13 @@ class OrpheusVoice:
         self.speaker = speaker
         dummy = " (random weights: the speed is real, the sound is noise)" \
             if runtime.config.dummy_weights else ""
-        chunking = getattr(runtime.vocoder, "chunking", None)
-        frame_ms = 1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE
-        steps = stream_plan(chunking, 8) if chunking else []
+        plan_ms, cost_ms = chunk_timing(
+            getattr(runtime.vocoder, "chunking", None), ot.SAMPLE_RATE,
+            frame_ms=1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE)
         self._info = VoiceInfo(name=f"{FAMILY}:{speaker}", family=FAMILY,
                                sample_rate=ot.SAMPLE_RATE, language="en",
                                description=f"Orpheus TTS speaker {speaker}{dummy}",
-                               chunk_plan_ms=tuple(1000.0 * n / ot.SAMPLE_RATE
-                                                   for n, _ in steps),
-                               chunk_cost_ms=tuple(f * frame_ms for _, f in steps))
+                               chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms)
         self._closed = False
 
     @property
@@ -293,8 +291,7 @@ class OrpheusVoice:
                     except ot.MalformedStream as exc:
                         raise EngineFailed(f"request {request.request_id}: {exc}") from exc
                     if len(complete):
-                        if request.marks is not None and MODEL_OUTPUT_MARK not in request.marks:
-                            request.marks.mark(MODEL_OUTPUT_MARK)
+                        mark_model_output(request)
                         for chunk in await stream.push(complete):
                             yield chunk
             if frames.finish() or frames.dropped_tokens:
@@ -343,14 +340,6 @@ def _resolve_model_dir(cfg: OrpheusConfig) -> tuple[str, str | None]:
     return tmp, tmp
 
 
-def _device(cfg: OrpheusConfig) -> str:
-    if cfg.device != "auto":
-        return cfg.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
     from tokenizers import Tokenizer
 
@@ -386,7 +375,8 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
         await engine.start()
         try:
             vocoder = await asyncio.to_thread(SnacVocoder.load, snac_dir,
-                                              dummy=snac_dir is None, device=_device(cfg),
+                                              dummy=snac_dir is None,
+                                              device=resolve_device(cfg.device),
                                               config=cfg.vocoder)
             await vocoder.start()
         except BaseException:

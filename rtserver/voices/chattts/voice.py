@@ -30,11 +30,11 @@ import numpy.typing as npt
 from rtserver.audio.pcm import PcmChunk
 from rtserver.engine.base import CodeDelta, PromptEmbedding, SamplingSettings, TokenRequest
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
-from rtserver.vocoder.chunking import stream_plan
-from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
+from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.chattts import text as ct
 from rtserver.voices.chattts.config import ChatTTSConfig
 from rtserver.voices.chattts.speaker import decode_speaker, normalised
+from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +237,12 @@ class ChatTTSVoice:
     def __init__(self, runtime: ChatTTSRuntime, speaker: Speaker) -> None:
         self._rt = runtime
         self.speaker = speaker
-        step_ms = 1000.0 / STEPS_PER_SECOND
-        steps = stream_plan(runtime.chunking, 8) if runtime.chunking is not None else []
+        plan_ms, cost_ms = chunk_timing(runtime.chunking, SAMPLE_RATE,
+                                        frame_ms=1000.0 / STEPS_PER_SECOND)
         self._info = VoiceInfo(
             name=f"{FAMILY}:{speaker.name}", family=FAMILY, sample_rate=SAMPLE_RATE,
             language="zh", description=f"ChatTTS speaker {speaker.name} ({speaker.source})",
-            chunk_plan_ms=tuple(1000.0 * n / SAMPLE_RATE for n, _ in steps),
-            chunk_cost_ms=tuple(f * step_ms for _, f in steps))
+            chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms)
         self._closed = False
 
     @property
@@ -310,8 +309,7 @@ class ChatTTSVoice:
                         continue
                     x = (np.asarray(delta.hidden, dtype=np.float32)[keep] if hidden_route
                          else codes[keep])
-                    if request.marks is not None and MODEL_OUTPUT_MARK not in request.marks:
-                        request.marks.mark(MODEL_OUTPUT_MARK)
+                    mark_model_output(request)
                     try:
                         chunks = await stream.push(x)
                     except ValueError as exc:
@@ -336,14 +334,6 @@ class ChatTTSVoice:
 _RUNTIME: asyncio.Future[ChatTTSRuntime] | None = None
 
 
-def _device(cfg: ChatTTSConfig) -> str:
-    if cfg.device != "auto":
-        return cfg.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = lambda m: None
                         ) -> ChatTTSRuntime:
     """Load the assets, start the engine and the decoder."""
@@ -360,7 +350,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         raise ConfigError(str(exc)) from None
     if not cfg.asset_dir:
         raise ConfigError("ChatTTS needs chattts.asset_dir (the folder holding asset/)")
-    device = _device(cfg)
+    device = resolve_device(cfg.device)
     dtype_name = cfg.dtype if cfg.dtype != "auto" else (
         "bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
