@@ -118,6 +118,16 @@ class WavEncoder(PcmEncoder):
         return b"" if self._header_sent else self.push(np.zeros(0, np.float32))
 
 
+def _av_frame(pcm: FloatArray, sample_rate: int, pts: int) -> av.AudioFrame:
+    """Mono float PCM as a PyAV frame stamped ``pts`` (in samples)."""
+    samples = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+    frame.sample_rate = sample_rate
+    frame.time_base = Fraction(1, sample_rate)
+    frame.pts = pts
+    return frame
+
+
 class _Collect:
     """The write-only, unseekable file PyAV muxes into: bytes are taken as
     they come, so the muxer writes every header up front."""
@@ -159,12 +169,8 @@ class AvEncoder:
     def push(self, pcm: FloatArray) -> bytes:
         if len(pcm) == 0:
             return self._out.take()
-        samples = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
-        frame.sample_rate = self.sample_rate
-        frame.time_base = Fraction(1, self.sample_rate)
-        frame.pts = self._pts
-        self._pts += samples.shape[1]
+        frame = _av_frame(pcm, self.sample_rate, self._pts)
+        self._pts += frame.samples
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
         return self._out.take()
@@ -223,12 +229,8 @@ class Tempo:
     def push(self, pcm: FloatArray) -> FloatArray:
         if len(pcm) == 0:
             return np.zeros(0, np.float32)
-        samples = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
-        frame.sample_rate = self.sample_rate
-        frame.time_base = Fraction(1, self.sample_rate)
-        frame.pts = self._pts
-        self._pts += samples.shape[1]
+        frame = _av_frame(pcm, self.sample_rate, self._pts)
+        self._pts += frame.samples
         self._graph.push(frame)
         return self._pull()
 
