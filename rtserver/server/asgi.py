@@ -70,15 +70,19 @@ class AsgiWebSocket:
             self.close_code = self.close_code or 1006
             raise _closed(self.close_code) from None
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Send the close frame; a client that does not read (the frame waits
-        behind unread data) is cut off after ``CLOSE_TIMEOUT_S`` (``abort``)."""
+    async def close(self, code: int = 1000, reason: str = "", last: str | None = None) -> None:
+        """Send ``last`` (if any), then the close frame. uvicorn's ``send``
+        writes only once the client has read the socket's buffer down, so both
+        wait behind unread data; a client that reads neither within
+        ``CLOSE_TIMEOUT_S`` (one deadline for both) is cut off (``abort``)."""
         if self.close_code is not None:
             return
         self.close_code = code
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 with contextlib.suppress(OSError, RuntimeError):
+                    if last is not None:
+                        await self._send({"type": "websocket.send", "text": last})
                     await self._send({"type": "websocket.close", "code": code,
                                       "reason": reason})
         except TimeoutError:

@@ -17,7 +17,6 @@ other failure is logged and closes it 1011.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from websockets.exceptions import ConnectionClosed
@@ -82,6 +81,7 @@ class Connection:
         metrics.connections.inc()
         self.outbox.put_control(self.app.ready_message())
         close: CloseConnection | None = None
+        last: RtError | None = None  # the error sent just before the close frame
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
@@ -97,7 +97,7 @@ class Connection:
             if isinstance(err, ControlFlood):
                 metrics.rejected.labels("control_flood").inc()
             close = CloseConnection(err.close_code, err.message[:120])
-            await self._last_word(err)
+            last = err
         except* _Closing as eg:
             close = eg.exceptions[0].args[0]
         except* ConnectionClosed:
@@ -106,7 +106,7 @@ class Connection:
             log.error("connection failed", exc_info=eg.exceptions[0])
             metrics.errors.labels("internal").inc()
             close = CloseConnection(CloseCode.INTERNAL, "internal error")
-            await self._last_word(InternalError("internal error"))
+            last = InternalError("internal error")
         finally:
             self.outbox.close()
             metrics.connections.dec()
@@ -114,14 +114,12 @@ class Connection:
                 ctx.release()
             self.live.clear()
         if close is not None:
-            await self.ws.close(close.code, close.reason)
-
-    async def _last_word(self, err: RtError) -> None:
-        """The error before a close, sent past the queue; a client that does not
-        read does not get it (and is not waited for)."""
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):
-                await self.ws.send(encode_server_message(error_message(err)))
+            # the error goes out right before the close frame, behind the frames
+            # already sent (the queue is dropped): a client that reads again in
+            # time gets both; one that never does is cut off by the transport
+            await self.ws.close(close.code, close.reason,
+                                last=None if last is None else
+                                encode_server_message(error_message(last)))
 
     # --- reading ---------------------------------------------------------------
 

@@ -19,6 +19,8 @@ class WsTransport(Protocol):
         """Send one message; waits while the client does not read (backpressure)."""
         ...
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Close with ``code``; a no-op once closed."""
+    async def close(self, code: int = 1000, reason: str = "", last: str | None = None) -> None:
+        """Close with ``code``, the text message ``last`` (if any) sent just
+        before the close frame, both behind what is already sent; a peer that
+        reads neither in a bounded time is cut off. A no-op once closed."""
         ...
