@@ -192,11 +192,17 @@ class SpeechApi:
         # requests being spoken per client (API key, else address): at most
         # ``max_contexts``, the WebSocket's limit per connection
         self._open: dict[str, int] = {}
+        self._responses = 0  # responses not yet ended (a drain waits for them)
 
     @property
     def in_flight(self) -> int:
         """Speech responses being sent now (a drain waits for them)."""
-        return sum(self._open.values())
+        return self._responses
+
+    def _release(self, who: str) -> None:
+        self._open[who] -= 1
+        if not self._open[who]:
+            del self._open[who]
 
     def handlers(self) -> dict[tuple[str, str], Any]:
         return {("POST", SPEECH_PATH): self.speech, ("GET", VOICES_PATH): self.voices,
@@ -275,14 +281,25 @@ class SpeechApi:
             await send_response(send, error_response(exc, getattr(exc, "param", None)))
             return
         self._open[who] = self._open.get(who, 0) + 1
-        try:
-            await self._stream(speech, receive, send)
-        finally:
-            self._open[who] -= 1
-            if not self._open[who]:
-                del self._open[who]
+        self._responses += 1
+        held = True
 
-    async def _stream(self, speech: SpeechRequest, receive: Receive, send: Send) -> None:
+        def release() -> None:
+            """Free the client's slot (once): called before the body's end, so
+            a client that has read the whole answer may ask again at once."""
+            nonlocal held
+            if held:
+                held = False
+                self._release(who)
+
+        try:
+            await self._stream(speech, receive, send, release)
+        finally:
+            release()
+            self._responses -= 1
+
+    async def _stream(self, speech: SpeechRequest, receive: Receive, send: Send,
+                      release: Callable[[], None]) -> None:
         now = self.clock.now()
         segmenter = Segmenter(self.app.config.segmenter)
         segments = segmenter.feed(speech.input, now) + segmenter.end(now)
@@ -332,6 +349,7 @@ class SpeechApi:
                 chars = len(speech.input)
                 await out.write(sse_event({"type": "speech.audio.done", "usage": {
                     "input_tokens": chars, "output_tokens": 0, "total_tokens": chars}}))
+            release()  # before the end: the client sees it only once the slot is free
             await out.end()
             self.app.metrics.audio_seconds.labels(speech.voice).inc(audio_ms / 1000.0)
         except ConnectionError:
