@@ -53,6 +53,24 @@ class Reach:
     right: int
 
 
+class ReachTally:
+    """The worst reach per threshold over a run of perturbations."""
+
+    def __init__(self, thresholds_db: Sequence[float]) -> None:
+        self._worst = {t: [0, 0] for t in thresholds_db}
+
+    def add(self, diff: npt.NDArray[np.floating[Any]], rms: float, start: int, end: int) -> None:
+        """``diff``: |perturbed - base| decode; the change was in samples [start, end)."""
+        for t, worst in self._worst.items():
+            idx = np.nonzero(diff > rms * 10 ** (t / 20))[0]
+            if len(idx):
+                worst[0] = max(worst[0], start - int(idx[0]))
+                worst[1] = max(worst[1], int(idx[-1]) + 1 - end)
+
+    def result(self) -> list[Reach]:
+        return [Reach(t, left, right) for t, (left, right) in self._worst.items()]
+
+
 def measure_reach(decoder: SnacDecoder, *, n_frames: int = 24, frame: int = 12,
                   thresholds_db: Sequence[float] = (-40.0, -60.0, -80.0, -120.0),
                   seed: int = 0) -> list[Reach]:
@@ -65,7 +83,7 @@ def measure_reach(decoder: SnacDecoder, *, n_frames: int = 24, frame: int = 12,
     rms = float(np.sqrt(np.mean(base.astype(np.float64) ** 2)))
     f = decoder.samples_per_frame
     spans = [(0, 1), (1, 2), (1, 2), (3, 4), (3, 4), (3, 4), (3, 4)]  # (first, count) per level
-    worst = {t: [0, 0] for t in thresholds_db}
+    tally = ReachTally(thresholds_db)
     for k in range(7):
         first, count = spans[k]
         sub = k - first
@@ -74,13 +92,8 @@ def measure_reach(decoder: SnacDecoder, *, n_frames: int = 24, frame: int = 12,
         s1 = s0 + span
         c = codes.copy()
         c[frame, k] = (c[frame, k] + decoder.codebook_size // 3) % decoder.codebook_size
-        diff = np.abs(decoder.decode([CodeWindow(c, 0)])[0] - base)
-        for t in thresholds_db:
-            idx = np.nonzero(diff > rms * 10 ** (t / 20))[0]
-            if len(idx):
-                worst[t][0] = max(worst[t][0], s0 - int(idx[0]))
-                worst[t][1] = max(worst[t][1], int(idx[-1]) + 1 - s1)
-    return [Reach(t, left, right) for t, (left, right) in worst.items()]
+        tally.add(np.abs(decoder.decode([CodeWindow(c, 0)])[0] - base), rms, s0, s1)
+    return tally.result()
 
 
 EDGE_DISTANCES = (0, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 4608)

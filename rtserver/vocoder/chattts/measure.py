@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from rtserver.vocoder.chattts.dims import (
 from rtserver.vocoder.chattts.layout import DEFAULT_LAYER_SCALE
 from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder, Route, StepWindow
 from rtserver.vocoder.chunking import ChunkConfig
-from rtserver.vocoder.measure import SeamReport, seam_report
+from rtserver.vocoder.measure import Reach, ReachTally, SeamReport, seam_report
 
 F = STEP_SAMPLES
 
@@ -74,15 +73,6 @@ def _span_max(err: npt.NDArray[np.float64], span: int) -> npt.NDArray[np.float64
     return np.asarray(err[:n * span].reshape(n, span).max(axis=1), dtype=np.float64)
 
 
-@dataclass(frozen=True, slots=True)
-class Reach:
-    """How far one step's change reaches beyond its own 512 samples."""
-
-    threshold_db: float
-    left: int  # samples
-    right: int
-
-
 def measure_reach(decoder: ChatTTSWindowDecoder, *, n_steps: int = 160, steps: Sequence[int] =
                   (70, 80, 90), thresholds_db: Sequence[float] = (-20, -40, -60, -80, -120),
                   seed: int = 0) -> list[Reach]:
@@ -93,18 +83,12 @@ def measure_reach(decoder: ChatTTSWindowDecoder, *, n_steps: int = 160, steps: S
     base = decoder.decode([StepWindow(x, 0)])[0].astype(np.float64)
     rms = float(np.sqrt(np.mean(base ** 2)))
     alt = random_steps(decoder, n_steps, seed + 1)
-    worst = {t: [0, 0] for t in thresholds_db}
+    tally = ReachTally(thresholds_db)
     for s in steps:
         y = x.copy()
         y[s] = alt[s]
-        diff = np.abs(decoder.decode([StepWindow(y, 0)])[0] - base)
-        s0, s1 = s * F, (s + 1) * F
-        for t in thresholds_db:
-            idx = np.nonzero(diff > rms * 10 ** (t / 20))[0]
-            if len(idx):
-                worst[t][0] = max(worst[t][0], s0 - int(idx[0]))
-                worst[t][1] = max(worst[t][1], int(idx[-1]) + 1 - s1)
-    return [Reach(t, left, right) for t, (left, right) in worst.items()]
+        tally.add(np.abs(decoder.decode([StepWindow(y, 0)])[0] - base), rms, s * F, (s + 1) * F)
+    return tally.result()
 
 
 def measure_edges(decoder: ChatTTSWindowDecoder, *, n_steps: int = 200, span: int = 256,
