@@ -21,6 +21,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +31,29 @@ from rtserver.bench.server_proc import free_port, spawn
 IMPLS = ("websockets", "uvicorn")
 
 
+async def _answer(request: str, recv: Callable[[], Awaitable[object]],
+                  send: Callable[[str | bytes], Awaitable[None]]) -> None:
+    """One client request, ``"recv N SIZE"`` (read N messages) or ``"send N SIZE"``
+    (send N binary messages of SIZE bytes), answered ``"end"``; the same for
+    both implementations."""
+    verb, n, size = request.split()
+    if verb == "recv":  # the client sends n text messages
+        for _ in range(int(n)):
+            await recv()
+    else:
+        payload = b"\x00" * int(size)
+        for _ in range(int(n)):
+            await send(payload)
+    await send("end")
+
+
 async def _serve_websockets(port: int) -> None:
     from websockets.asyncio.server import ServerConnection, serve
     from websockets.http11 import Request, Response
 
     async def handler(ws: ServerConnection) -> None:
         async for msg in ws:
-            verb, n, size = str(msg).split()
-            if verb == "recv":  # the client sends n text messages
-                for _ in range(int(n)):
-                    await ws.recv()
-            else:
-                payload = b"\x00" * int(size)
-                for _ in range(int(n)):
-                    await ws.send(payload)
-            await ws.send("end")
+            await _answer(str(msg), ws.recv, ws.send)
 
     def ready(connection: ServerConnection, request: Request) -> Response | None:
         from http import HTTPStatus
@@ -73,15 +82,7 @@ async def _serve_uvicorn(port: int) -> None:
         ws = AsgiWebSocket(receive, send, request_of(scope))
         try:
             while True:
-                verb, n, size = str(await ws.recv()).split()
-                if verb == "recv":  # the client sends n text messages
-                    for _ in range(int(n)):
-                        await ws.recv()
-                else:
-                    payload = b"\x00" * int(size)
-                    for _ in range(int(n)):
-                        await ws.send(payload)
-                await ws.send("end")
+                await _answer(str(await ws.recv()), ws.recv, ws.send)
         except Exception:
             return
 
