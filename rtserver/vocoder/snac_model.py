@@ -59,6 +59,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from rtserver.capture_streams import capture_stream
+
 FloatArray = npt.NDArray[np.float32]
 NoiseMode = Literal["positional", "off"]
 # Decoder dtypes that ship (the seam tests cover each).
@@ -251,6 +253,7 @@ class _Lane:
     def __init__(self, stream: Any = None) -> None:
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.pool: Any = None
+        self.capture_stream: Any = None  # set with the pool (first capture)
         self.staging = _Staging()
         self.stream = stream  # None: the thread's current stream
 
@@ -477,8 +480,11 @@ class SnacDecoder:
         torch.cuda.current_stream(dev).wait_stream(side)
         if lane.pool is None:
             lane.pool = torch.cuda.graph_pool_handle()
+            # the lane's own capture stream: its own cuBLAS workspace (rtserver.capture_streams)
+            lane.capture_stream = capture_stream(dev)
         g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=lane.pool):
+        with torch.cuda.graph(g.graph, pool=lane.pool, stream=lane.capture_stream,
+                              capture_error_mode="thread_local"):
             g.out = self._forward(g.codes, g.lengths, g.offsets)
         return g
 

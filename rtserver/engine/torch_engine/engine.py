@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rtserver.capture_streams import capture_stream
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
     CodeDelta,
@@ -699,6 +700,9 @@ class TorchCodeEngine:
                 self._forward_rows(model, b, n)
 
         pool = torch.cuda.graph_pool_handle()
+        # A capture stream of the engine's own: its GEMMs get a cuBLAS workspace no
+        # decoder graph shares (see rtserver.capture_streams).
+        stream = capture_stream(model.device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         t0 = self._clock.now()
@@ -710,7 +714,9 @@ class TorchCodeEngine:
         for b in reversed(batches):  # largest first: later graphs reuse its pool
             for n in reversed(lengths):
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                # thread_local: the decoder's threads may launch work meanwhile
+                with torch.cuda.graph(g, pool=pool, stream=stream,
+                                      capture_error_mode="thread_local"):
                     step(b, n)
                 self._graphs[(b, n)] = g
         torch.cuda.synchronize()

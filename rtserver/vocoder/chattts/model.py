@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from rtserver.capture_streams import capture_stream
 from rtserver.vocoder.chattts.dims import SAMPLE_RATE, STEP_SAMPLES, ChatTTSAudioDims
 from rtserver.vocoder.chattts.modules import MelDecoder, Vocos
 
@@ -100,6 +101,7 @@ class ChatTTSWindowDecoder:
         self._graph_max_cells = graph_max_cells
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool: Any = None
+        self._capture_stream: Any = None
         self._pinned: torch.Tensor | None = None
         self._pinned_out: torch.Tensor | None = None
 
@@ -207,6 +209,9 @@ class ChatTTSWindowDecoder:
             return g
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+            # this decoder's own capture stream: its GEMMs' cuBLAS workspace is
+            # then not the other lane's (see rtserver.capture_streams)
+            self._capture_stream = capture_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -215,7 +220,8 @@ class ChatTTSWindowDecoder:
         torch.cuda.current_stream(self.device).wait_stream(side)
         g.graph = torch.cuda.CUDAGraph()
         # thread_local: the LM engine's thread may launch work while this captures
-        with torch.cuda.graph(g.graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream,
+                              capture_error_mode="thread_local"):
             g.out = self.forward(x, lengths)
         return g
 
