@@ -24,15 +24,12 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from rtserver.audio.pcm import PcmChunk
 from rtserver.vocoder.batcher import BatcherStats, DecodeBatcher
 from rtserver.vocoder.chunking import (
     ChunkConfig,
-    ChunkPlanner,
-    DecodeJob,
-    SeamJoiner,
 )
 from rtserver.vocoder.config import VocoderConfig
+from rtserver.vocoder.planned_stream import PlannedStream
 from rtserver.vocoder.snac_model import (
     FRAME_CODES,
     SNAC24_CONFIG,
@@ -109,62 +106,16 @@ class SnacVocoder:
         return VocoderStream(self, self._batcher)
 
 
-class VocoderStream:
-    """One segment's frames in, its PCM out. Calls must not overlap (one task)."""
+class VocoderStream(PlannedStream[CodeWindow]):
+    """One segment's SNAC frames (int, shape (n, 7), neutral order) in, its PCM
+    out. Calls must not overlap (one task)."""
 
-    __slots__ = ("_base", "_batcher", "_busy", "_closed", "_codes", "_joiner", "_planner",
-                 "_vocoder")
+    __slots__ = ("_vocoder",)
 
     def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher[CodeWindow]) -> None:
+        super().__init__(batcher, vocoder.chunking, samples_per_frame=vocoder.samples_per_frame,
+                         sample_rate=vocoder.sample_rate, width=FRAME_CODES, dtype=np.int64)
         self._vocoder = vocoder
-        self._batcher = batcher
-        self._planner = ChunkPlanner(vocoder.chunking)
-        self._joiner = SeamJoiner(vocoder.samples_per_frame)
-        self._codes = np.zeros((0, FRAME_CODES), dtype=np.int64)
-        self._base = 0  # frame index of self._codes[0]
-        self._busy = False
-        self._closed = False
-
-    @property
-    def frames(self) -> int:
-        """Frames pushed so far."""
-        return self._planner.frames
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    async def push(self, frames: npt.ArrayLike) -> list[PcmChunk]:
-        """Add frames (int, shape (n, 7), neutral order); return the audio now final."""
-        arr = self._check(frames)
-        self._enter()
-        try:
-            self._codes = np.concatenate([self._codes, arr])
-            return await self._run(self._planner.push(len(arr)))
-        finally:
-            self._busy = False
-
-    async def finish(self) -> list[PcmChunk]:
-        """No more frames: return the rest of the audio (no lookahead left to wait for)."""
-        self._enter()
-        try:
-            chunks = await self._run(self._planner.finish())
-        finally:
-            self._busy = False
-        self.close()
-        return chunks
-
-    def close(self) -> None:
-        """Drop the stream's state (cancel); a push in flight then returns nothing."""
-        self._closed = True
-        self._codes = np.zeros((0, FRAME_CODES), dtype=np.int64)
-
-    def _enter(self) -> None:
-        if self._closed:
-            raise RuntimeError("vocoder stream is closed")
-        if self._busy:
-            raise RuntimeError("overlapping calls on one vocoder stream")
-        self._busy = True
 
     def _check(self, frames: npt.ArrayLike) -> npt.NDArray[np.int64]:
         arr = np.asarray(frames)
@@ -176,23 +127,6 @@ class VocoderStream:
             raise ValueError(f"codes must be in [0, {self._vocoder.codebook_size})")
         return arr.astype(np.int64, copy=False)
 
-    async def _run(self, jobs: list[DecodeJob]) -> list[PcmChunk]:
-        if not jobs:
-            return []
-        windows = [CodeWindow(self._codes[j.start_frame - self._base:j.end_frame - self._base],
-                              j.start_frame) for j in jobs]
-        keep = self._planner.first_needed_frame()
-        if keep > self._base:  # frames no future window can need
-            self._codes = self._codes[keep - self._base:]
-            self._base = keep
-        try:
-            audio = await self._batcher.decode(windows, urgent=jobs[0].index == 0)
-        except BaseException:
-            self.close()  # the schedule moved on without this audio: unusable
-            raise
-        if self._closed:
-            return []
-        rate = self._vocoder.sample_rate
-        chunks = [PcmChunk(self._joiner.join(j, a), rate) for j, a in zip(jobs, audio,
-                                                                          strict=True)]
-        return [c for c in chunks if len(c.samples)]
+    def _window(self, frames: npt.NDArray[Any], start_frame: int) -> CodeWindow:
+        return CodeWindow(frames, start_frame)
+

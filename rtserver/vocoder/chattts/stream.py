@@ -24,14 +24,14 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from rtserver.audio.pcm import PcmChunk
 from rtserver.errors import EngineFailed
 from rtserver.vocoder.batcher import BatcherConfig, BatcherStats, DecodeBatcher
 from rtserver.vocoder.chattts.checkpoint import Route, load_audio_models, random_audio_models
 from rtserver.vocoder.chattts.config import ChatTTSDecodeConfig
 from rtserver.vocoder.chattts.dims import REAL_DIMS, STEP_SAMPLES
 from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder, StepWindow
-from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
+from rtserver.vocoder.chunking import ChunkConfig
+from rtserver.vocoder.planned_stream import PlannedStream
 
 
 class ChatTTSVocoder:
@@ -112,97 +112,24 @@ class ChatTTSVocoder:
         return ChatTTSStream(self, self._batcher)
 
 
-class _Steps:
-    """A stream's steps still needed, in one growable array (amortised O(1) append)."""
+class ChatTTSStream(PlannedStream[StepWindow]):
+    """One segment's steps in, its PCM out: hidden states float [T, width] (route
+    "decoder") or codes int [T, 4] (route "dvae"), numpy or torch. Calls must not
+    overlap (one task)."""
 
-    __slots__ = ("base", "data", "n")
-
-    def __init__(self, width: int, dtype: type[np.generic]) -> None:
-        self.data: npt.NDArray[Any] = np.zeros((64, width), dtype=dtype)
-        self.base = 0  # step index of data[0]
-        self.n = 0  # rows in use
-
-    def append(self, rows: npt.NDArray[Any]) -> None:
-        need = self.n + len(rows)
-        if need > len(self.data):
-            grown = np.zeros((max(need, 2 * len(self.data)), self.data.shape[1]),
-                             dtype=self.data.dtype)
-            grown[:self.n] = self.data[:self.n]
-            self.data = grown
-        self.data[self.n:need] = rows
-        self.n = need
-
-    def window(self, start: int, end: int) -> npt.NDArray[Any]:
-        return self.data[start - self.base:end - self.base].copy()
-
-    def drop_before(self, step: int) -> None:
-        k = step - self.base
-        if k <= 0:
-            return
-        if k >= self.n:
-            self.base, self.n = step, 0
-            return
-        self.data[:self.n - k] = self.data[k:self.n]
-        self.n -= k
-        self.base = step
-
-
-class ChatTTSStream:
-    """One segment's steps in, its PCM out. Calls must not overlap (one task)."""
-
-    __slots__ = ("_batcher", "_busy", "_closed", "_joiner", "_planner", "_steps", "_vocoder")
+    __slots__ = ("_vocoder",)
+    _what = "ChatTTS vocoder stream"
 
     def __init__(self, vocoder: ChatTTSVocoder, batcher: DecodeBatcher[StepWindow]) -> None:
-        self._vocoder = vocoder
-        self._batcher = batcher
-        self._planner = ChunkPlanner(vocoder.chunking)
-        self._joiner = SeamJoiner(STEP_SAMPLES)
         dtype = np.float32 if vocoder.route == "decoder" else np.int64
-        self._steps = _Steps(vocoder.width, dtype)
-        self._busy = False
-        self._closed = False
+        super().__init__(batcher, vocoder.chunking, samples_per_frame=STEP_SAMPLES,
+                         sample_rate=vocoder.sample_rate, width=vocoder.width, dtype=dtype)
+        self._vocoder = vocoder
 
     @property
     def steps(self) -> int:
         """Steps pushed so far."""
-        return self._planner.frames
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    async def push(self, x: Any) -> list[PcmChunk]:
-        """Add steps: hidden states float [T, width] (route "decoder") or codes
-        int [T, 4] (route "dvae"); numpy or torch. Returns the audio now final."""
-        arr = self._check(x)
-        self._enter()
-        try:
-            self._steps.append(arr)
-            return await self._run(self._planner.push(len(arr)))
-        finally:
-            self._busy = False
-
-    async def finish(self) -> list[PcmChunk]:
-        """End of segment: the rest of the audio (no lookahead left to wait for)."""
-        self._enter()
-        try:
-            chunks = await self._run(self._planner.finish())
-        finally:
-            self._busy = False
-        self.close()
-        return chunks
-
-    def close(self) -> None:
-        """Drop the stream's state (cancel); a push in flight then returns nothing."""
-        self._closed = True
-        self._steps = _Steps(self._vocoder.width, self._steps.data.dtype.type)
-
-    def _enter(self) -> None:
-        if self._closed:
-            raise RuntimeError("ChatTTS vocoder stream is closed")
-        if self._busy:
-            raise RuntimeError("overlapping calls on one ChatTTS vocoder stream")
-        self._busy = True
+        return self.frames
 
     def _check(self, x: Any) -> npt.NDArray[Any]:
         if hasattr(x, "detach"):  # a torch tensor, maybe on the GPU: one copy to host
@@ -228,24 +155,11 @@ class ChatTTSStream:
             raise ValueError(f"codes must be in [0, {v.codebook_size}) (EOS is never pushed)")
         return arr.astype(np.int64, copy=False)
 
-    async def _run(self, jobs: list[DecodeJob]) -> list[PcmChunk]:
-        if not jobs:
-            return []
-        windows = [StepWindow(self._steps.window(j.start_frame, j.end_frame), j.start_frame)
-                   for j in jobs]
-        self._steps.drop_before(self._planner.first_needed_frame())
-        try:
-            audio = await self._batcher.decode(windows, urgent=jobs[0].index == 0)
-        except BaseException:
-            self.close()  # the schedule moved on without this audio: unusable
-            raise
-        if self._closed:
-            return []
+    def _window(self, frames: npt.NDArray[Any], start_frame: int) -> StepWindow:
+        return StepWindow(frames, start_frame)
+
+    def _check_audio(self, audio: list[Any]) -> None:
         for a in audio:
             if not np.isfinite(a).all():
-                self.close()
                 raise EngineFailed("the ChatTTS decoder produced NaN or infinite audio")
-        rate = self._vocoder.sample_rate
-        chunks = [PcmChunk(self._joiner.join(j, a), rate)
-                  for j, a in zip(jobs, audio, strict=True)]
-        return [c for c in chunks if len(c.samples)]
+

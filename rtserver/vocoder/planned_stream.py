@@ -1,0 +1,157 @@
+"""One segment's model frames in, its PCM out, along a chunk plan: the part of a
+vocoder stream that does not depend on the model (SNAC codes, ChatTTS steps).
+
+A ``PlannedStream`` keeps the frames a future window may still need
+(``FrameHistory``), asks its ``ChunkPlanner`` which windows are due, decodes them
+through the shared ``DecodeBatcher`` (one call per tick across streams) and joins
+the seams with a ``SeamJoiner``. A subclass says how input is checked
+(``_check``), how a window is built (``_window``) and, optionally, how decoded
+audio is checked (``_check_audio``). Calls on one stream must not overlap.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.audio.pcm import PcmChunk
+from rtserver.vocoder.batcher import DecodeBatcher, FrameWindow
+from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
+
+W = TypeVar("W", bound=FrameWindow)
+
+
+class FrameHistory:
+    """A stream's frames still needed, in one growable array (amortised O(1)
+    append; a push never copies the whole history)."""
+
+    __slots__ = ("base", "data", "n")
+
+    def __init__(self, width: int, dtype: type[np.generic]) -> None:
+        self.data: npt.NDArray[Any] = np.zeros((64, width), dtype=dtype)
+        self.base = 0  # frame index of data[0]
+        self.n = 0  # rows in use
+
+    def append(self, rows: npt.NDArray[Any]) -> None:
+        need = self.n + len(rows)
+        if need > len(self.data):
+            grown = np.zeros((max(need, 2 * len(self.data)), self.data.shape[1]),
+                             dtype=self.data.dtype)
+            grown[:self.n] = self.data[:self.n]
+            self.data = grown
+        self.data[self.n:need] = rows
+        self.n = need
+
+    def window(self, start: int, end: int) -> npt.NDArray[Any]:
+        """Frames ``[start, end)`` as a copy (the history moves on)."""
+        return self.data[start - self.base:end - self.base].copy()
+
+    def drop_before(self, frame: int) -> None:
+        k = frame - self.base
+        if k <= 0:
+            return
+        if k >= self.n:
+            self.base, self.n = frame, 0
+            return
+        self.data[:self.n - k] = self.data[k:self.n]
+        self.n -= k
+        self.base = frame
+
+
+class PlannedStream(ABC, Generic[W]):
+    """The push / finish / close cycle of one segment (see the module docstring)."""
+
+    __slots__ = ("_batcher", "_busy", "_closed", "_history", "_joiner", "_planner",
+                 "_sample_rate")
+
+    # "vocoder stream" in errors; subclasses name their model
+    _what = "vocoder stream"
+
+    def __init__(self, batcher: DecodeBatcher[W], chunking: ChunkConfig, *,
+                 samples_per_frame: int, sample_rate: int, width: int,
+                 dtype: type[np.generic]) -> None:
+        self._batcher = batcher
+        self._planner = ChunkPlanner(chunking)
+        self._joiner = SeamJoiner(samples_per_frame)
+        self._sample_rate = sample_rate
+        self._history = FrameHistory(width, dtype)
+        self._busy = False
+        self._closed = False
+
+    @property
+    def frames(self) -> int:
+        """Frames pushed so far."""
+        return self._planner.frames
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @abstractmethod
+    def _check(self, x: Any) -> npt.NDArray[Any]:
+        """Validate pushed frames and return them as the history's dtype."""
+
+    @abstractmethod
+    def _window(self, frames: npt.NDArray[Any], start_frame: int) -> W:
+        """The batcher's window for frames starting at ``start_frame``."""
+
+    def _check_audio(self, audio: list[Any]) -> None:
+        """Raise if decoded audio is unusable (the stream is closed first)."""
+
+    async def push(self, x: Any) -> list[PcmChunk]:
+        """Add frames; return the audio now final."""
+        arr = self._check(x)
+        self._enter()
+        try:
+            self._history.append(arr)
+            return await self._run(self._planner.push(len(arr)))
+        finally:
+            self._busy = False
+
+    async def finish(self) -> list[PcmChunk]:
+        """No more frames: the rest of the audio (no lookahead left to wait for)."""
+        self._enter()
+        try:
+            chunks = await self._run(self._planner.finish())
+        finally:
+            self._busy = False
+        self.close()
+        return chunks
+
+    def close(self) -> None:
+        """Drop the stream's state (cancel); a push in flight then returns nothing."""
+        self._closed = True
+        self._history = FrameHistory(self._history.data.shape[1],
+                                     self._history.data.dtype.type)
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self._what} is closed")
+        if self._busy:
+            raise RuntimeError(f"overlapping calls on one {self._what}")
+        self._busy = True
+
+    async def _run(self, jobs: list[DecodeJob]) -> list[PcmChunk]:
+        if not jobs:
+            return []
+        windows = [self._window(self._history.window(j.start_frame, j.end_frame), j.start_frame)
+                   for j in jobs]
+        self._history.drop_before(self._planner.first_needed_frame())
+        try:
+            audio = await self._batcher.decode(windows, urgent=jobs[0].index == 0)
+        except BaseException:
+            self.close()  # the schedule moved on without this audio: unusable
+            raise
+        if self._closed:
+            return []
+        try:
+            self._check_audio(audio)
+        except BaseException:
+            self.close()
+            raise
+        chunks = [PcmChunk(self._joiner.join(j, a), self._sample_rate)
+                  for j, a in zip(jobs, audio, strict=True)]
+        return [c for c in chunks if len(c.samples)]
