@@ -154,7 +154,8 @@ class PiperVoice:
         rate = int(self._piper.config.sample_rate)
         self._chunking = chunking or PiperChunking()
         self._chunks = chunk_config(split.hop, split.support, rate, self._chunking)
-        self._bulk = chunk_config(split.hop, split.support, rate, self._chunking, bulk=True)
+        self._near = chunk_config(split.hop, split.support, rate, self._chunking, plan="near")
+        self._bulk = chunk_config(split.hop, split.support, rate, self._chunking, plan="bulk")
         plan, cost = hint_plan(self._chunks, rate)
         lang = str(config_dict.get("language", {}).get("code", "en"))
         self._info = VoiceInfo(
@@ -231,7 +232,8 @@ class PiperVoice:
     def _front_and_first(self, ids: list[int], marks: Marks | None, first: bool,
                          deadline: float, clock: Clock) -> tuple[_Sentence, FloatArray]:
         """The sentence's front, its plan and its first decode. The plan is
-        eager for a context's first sentence and for audio needed soon."""
+        eager for a context's first sentence, near for audio needed soon, else
+        bulk (``PiperChunking``)."""
         cfg = self._piper.config
         feed = {
             "input": np.asarray([ids], dtype=np.int64),
@@ -247,8 +249,9 @@ class PiperVoice:
             marks.mark(MODEL_OUTPUT_MARK)
         z = np.asarray(out[0], dtype=np.float32)
         g = np.asarray(out[1], dtype=np.float32) if self._split.cut.g else None
-        eager = first or deadline - clock.now() < self._chunking.eager_slack_ms / 1000.0
-        plan = sentence_jobs(self._chunks if eager else self._bulk, int(z.shape[2]))
+        soon = deadline - clock.now() < self._chunking.eager_slack_ms / 1000.0
+        config = self._chunks if first else self._near if soon else self._bulk
+        plan = sentence_jobs(config, int(z.shape[2]))
         sentence = _Sentence(z=z, g=g, jobs=plan)
         return sentence, self._decode(sentence, sentence.jobs[0])
 

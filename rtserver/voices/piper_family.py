@@ -34,12 +34,14 @@ class PiperSection:
     growth: float = _CHUNKING.growth
     max_chunk_ms: float = _CHUNKING.max_chunk_ms
     eager_slack_ms: float = _CHUNKING.eager_slack_ms
+    near_chunk_ms: float = _CHUNKING.near_chunk_ms
     # Where the split graphs go ("": $XDG_CACHE_HOME/rtserver, ~/.cache/rtserver).
     cache_dir: str = ""
 
     def chunking(self) -> PiperChunking:
         return PiperChunking(first_chunk_ms=self.first_chunk_ms, growth=self.growth,
-                             max_chunk_ms=self.max_chunk_ms, eager_slack_ms=self.eager_slack_ms)
+                             max_chunk_ms=self.max_chunk_ms, eager_slack_ms=self.eager_slack_ms,
+                             near_chunk_ms=self.near_chunk_ms)
 
     def check(self) -> None:
         self.chunking()  # raises ValueError naming the field

@@ -1,6 +1,6 @@
 """Measurements behind the Piper chunking and scheduling numbers.
 
-``python -m rtserver.voices.piper_measure rf|costs|batch [--model X.onnx]``
+``python -m rtserver.voices.piper_measure rf|costs|plans|batch [--model X.onnx]``
 (default: the embedded voice). Times are CPU seconds of this process
 (``time.process_time``, best of a few runs), so other programs sharing the
 machine disturb them less than wall time; one onnxruntime thread per call.
@@ -8,7 +8,9 @@ machine disturb them less than wall time; one onnxruntime thread per call.
 - ``rf``: the decoder's hop and receptive field (``piper_graph.measure_decoder``),
   plus how far a change reaches above -120/-80/-60/-40 dB re the RMS.
 - ``costs``: CPU seconds per second of audio of the front, the whole-sentence
-  decoder, and the eager and bulk chunk plans, on four sentences.
+  decoder, and the eager, near and bulk chunk plans, on four sentences.
+- ``plans``: decoder frames run per frame of audio (windows overlap by the
+  receptive field) and decodes per sentence, by plan and sentence length.
 - ``batch``: one onnxruntime call on B equal-length windows vs B calls; a
   ratio under 1 means batching the streams' chunks pays.
 """
@@ -26,7 +28,7 @@ import numpy as np
 
 from rtserver.vocoder.chunking import DecodeJob
 from rtserver.voices.piper_graph import DecoderCut, split_voice
-from rtserver.voices.piper_plan import PiperChunking, chunk_config, sentence_jobs
+from rtserver.voices.piper_plan import PLANS, PiperChunking, chunk_config, sentence_jobs
 
 SENTENCES = (
     "Hello there, this is the browser demo speaking.",
@@ -76,7 +78,7 @@ def _decode_all(dec: Any, cut: DecoderCut, plans: list[tuple[np.ndarray, list[De
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rtserver.voices.piper_measure")
-    parser.add_argument("what", choices=["rf", "costs", "batch"])
+    parser.add_argument("what", choices=["rf", "costs", "plans", "batch"])
     parser.add_argument("--model", type=Path, help="a Piper .onnx (default: the embedded voice)")
     args = parser.parse_args(argv)
     from rtserver.voices.piper import embedded_voice_files, voice_files_from_path
@@ -121,13 +123,23 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{audio_s:.2f} s of audio, {frames} frames; CPU s per audio s, one thread:")
         print(f"  front (with phonemizing) {t_front / audio_s:.4f}, decoder whole "
               f"{t_dec / audio_s:.4f} (front/decoder {t_front / t_dec:.2f})")
-        for name, bulk in (("eager", False), ("bulk", True)):
-            cfg = chunk_config(split.hop, split.support, rate, PiperChunking(), bulk=bulk)
+        for name in PLANS:
+            cfg = chunk_config(split.hop, split.support, rate, PiperChunking(), plan=name)
             plans = [(z, sentence_jobs(cfg, int(z.shape[2]))) for z in zs]
             window = sum(j.n_frames for _, js in plans for j in js)
             t = _cpu_s(functools.partial(_decode_all, dec, split.cut, plans))
             print(f"  decoder {name}: {sum(len(js) for _, js in plans)} chunks, windows "
                   f"{window / frames:.2f}x the frames, {t / audio_s:.4f} ({t / t_dec:.2f}x whole)")
+    elif args.what == "plans":
+        lengths = (40, 80, 120, 200, 300)
+        print(f"decoder frames per audio frame (decodes) for sentences of {lengths} frames:")
+        for name in PLANS:
+            cfg = chunk_config(split.hop, split.support, rate, PiperChunking(), plan=name)
+            row = []
+            for n in lengths:
+                jobs = sentence_jobs(cfg, n)
+                row.append(f"{sum(j.n_frames for j in jobs) / n:.2f}x ({len(jobs)})")
+            print(f"  {name}: " + ", ".join(row))
     else:
         z = np.concatenate(zs, axis=2)
         for length in (16, 48, 85, 140):

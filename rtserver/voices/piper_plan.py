@@ -8,7 +8,8 @@ geometries: *eager* chunks grow from a small first one (TTFA), each
 ``max_chunk_ms`` from the start, for a sentence whose audio is not needed
 soon (every chunk boundary costs the decoder its context and lookahead
 again: on four sentences, eager decodes 1.25x the frames, bulk 1.10x;
-``python -m rtserver.voices.piper_measure costs``). Context and lookahead
+``python -m rtserver.voices.piper_measure costs``); *near* chunks start at
+``near_chunk_ms`` for a later sentence needed soon. Context and lookahead
 are the decoder's measured receptive field (``piper_graph.measure_decoder``:
 2582 samples for ``en_US-joe-medium``), so every seam equals the
 whole-sentence decode up to float rounding; the crossfade (windows summing
@@ -41,11 +42,19 @@ class PiperChunking:
     first_chunk_ms: float = 100.0
     growth: float = 2.0
     max_chunk_ms: float = 1500.0  # one decode call: ~0.1 s of one core at most
-    # A sentence is decoded eagerly when it is a context's first, or when the
-    # listener needs its audio within this long (its deadline); else in bulk.
-    # 250 ms: a bulk chunk's decode (~80 ms of one core) plus a few queued
-    # ahead of it still arrive in time.
+    # A context's first sentence is decoded eagerly (TTFA). A later one whose
+    # audio the listener needs within ``eager_slack_ms`` (its deadline) starts
+    # with a ``near_chunk_ms`` chunk, then grows; any other in bulk. 250 ms: a
+    # bulk chunk's decode (~80 ms of one core) plus a few queued ahead of it
+    # still arrive in time.
     eager_slack_ms: float = 250.0
+    # 400 ms: its decode (~57 frames, ~35 ms of one core) is ready well within
+    # the slack, and sentences of 40-300 frames decode 1.00-1.26x their frames
+    # this way vs 1.28-1.51x eagerly (``python -m rtserver.voices.piper_measure
+    # plans``): under load most later sentences are needed soon, and eager
+    # chunks there spent CPU the load lacked (16 streams: the decoder ran 1.28x
+    # the frames it emitted).
+    near_chunk_ms: float = 400.0
 
     def __post_init__(self) -> None:
         if not self.first_chunk_ms > 0:
@@ -56,15 +65,24 @@ class PiperChunking:
             raise ValueError("max_chunk_ms must be >= first_chunk_ms")
         if not self.eager_slack_ms >= 0:
             raise ValueError("eager_slack_ms must be >= 0")
+        if not self.first_chunk_ms <= self.near_chunk_ms <= self.max_chunk_ms:
+            raise ValueError("near_chunk_ms must be between first_chunk_ms and max_chunk_ms")
+
+
+PLANS = ("eager", "near", "bulk")
 
 
 def chunk_config(hop: int, support: int, sample_rate: int,
-                 chunking: PiperChunking | None = None, *, bulk: bool = False) -> ChunkConfig:
-    """The planner's geometry for a decoder of ``hop`` samples per frame
-    (``bulk``: every chunk ``max_chunk_ms``)."""
+                 chunking: PiperChunking | None = None, *, plan: str = "eager") -> ChunkConfig:
+    """The planner's geometry for a decoder of ``hop`` samples per frame. The
+    first chunk is ``first_chunk_ms`` (``eager``), ``near_chunk_ms`` (``near``)
+    or ``max_chunk_ms`` (``bulk``: every chunk that size)."""
     c = chunking or PiperChunking()
     crossfade = max(1, hop // 2)
-    first_ms = c.max_chunk_ms if bulk else c.first_chunk_ms
+    firsts = {"eager": c.first_chunk_ms, "near": c.near_chunk_ms, "bulk": c.max_chunk_ms}
+    if plan not in firsts:
+        raise ValueError(f"plan must be one of {PLANS}, not {plan!r}")
+    first_ms = firsts[plan]
     first_samples = math.ceil(first_ms * sample_rate / 1000.0)
     first_frames = math.ceil((first_samples + support + crossfade) / hop)
     max_frames = max(first_frames, math.ceil(c.max_chunk_ms * sample_rate / 1000.0 / hop))

