@@ -16,8 +16,12 @@ Piper speech resampled to 48 kHz, 20 ms frames:
   fullband speech in hybrid mode (SILK below 8 kHz, CELT above) up to about
   64 kbit/s; 32 kbit/s is the usual rate for fullband speech in that mode.
   Unconstrained VBR: TCP has no per-packet bitrate ceiling to honour.
-- complexity 5: about half the CPU of 10 (about 180 µs vs 370 µs per 20 ms
-  frame) so 20 Piper streams spend under 10 % of two cores on encoding.
+- complexity 2: Piper speech at 48 kHz costs 5.2 ms of CPU per second of
+  audio vs 7.3 at 5 and 13.9 at 10, for wide-band PESQ 4.40 vs 4.49 and 4.54
+  (1 and 0: 3.9 and 3.3 ms, PESQ 4.25; ``python -m rtserver.bench.opus_cost``,
+  2-core x86). At 20 Piper streams on two cores encoding was 8 % of the
+  server's CPU at complexity 5; the 0.09 PESQ it buys is not worth that there.
+  Encoding at 24 kHz costs about the same as at 48 kHz (4.98 ms at 2).
 - in-band FEC off: it re-sends a coarse copy of the previous frame for
   decoders that lost a packet; over a WebSocket (TCP) no packet is ever lost,
   so it would only spend bits.
@@ -57,7 +61,7 @@ class OpusConfig:
     """Encoder settings for every Opus context (see the module docstring)."""
 
     bitrate: int = 32000  # bit/s
-    complexity: int = 5  # 0 (cheapest) .. 10
+    complexity: int = 2  # 0 (cheapest) .. 10
     application: str = "audio"  # "audio" | "voip" | "restricted_lowdelay"
     signal: str = "voice"  # "voice" | "music" | "auto"
     vbr: bool = True
