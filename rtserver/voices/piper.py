@@ -34,6 +34,8 @@ from rtserver.clock import Clock
 from rtserver.errors import ConfigError, EngineFailed
 from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
+from rtserver.voices.piper_blocked import blocked_decoder
+from rtserver.voices.piper_blocked import session_options as blocked_session_options
 from rtserver.voices.piper_graph import split_voice
 from rtserver.voices.piper_plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
 from rtserver.voices.synthesis_pool import SynthesisPool
@@ -109,7 +111,8 @@ class PiperVoice:
     its own deadline (the segment's deadline plus the audio before it), so
     the pool serves the chunks of all streams earliest-deadline-first, and a
     context's first chunk (phonemize + front + first decode, one job) ahead
-    of everything.
+    of everything. ``blocked``: the decoder runs in onnxruntime's blocked
+    channel layout (``piper_blocked``).
     """
 
     def __init__(self, files: PiperFiles, pool: SynthesisPool, *, intra_op_threads: int = 1,
@@ -123,15 +126,19 @@ class PiperVoice:
             raise ConfigError(f"Piper voice config {files.config}: {exc}") from None
         split = split_voice(files.model, cache_dir)
 
-        def session(path: Path, threads: int) -> onnxruntime.InferenceSession:
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            # Spinning threads steal the cores other streams' calls need.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        def session(model: Path | bytes, threads: int) -> onnxruntime.InferenceSession:
+            if isinstance(model, bytes):  # the blocked decoder, optimized already
+                options = blocked_session_options(threads)
+            else:
+                options = onnxruntime.SessionOptions()
+                options.intra_op_num_threads = threads
+                options.inter_op_num_threads = 1
+                # Spinning threads steal the cores other streams' calls need.
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             try:
                 return onnxruntime.InferenceSession(
-                    str(path), sess_options=options, providers=["CPUExecutionProvider"])
+                    model if isinstance(model, bytes) else str(model), sess_options=options,
+                    providers=["CPUExecutionProvider"])
             except Exception as exc:  # onnxruntime raises its own hierarchy
                 raise ConfigError(f"Piper voice model {files.model}: {exc}") from None
 
@@ -140,11 +147,16 @@ class PiperVoice:
         # cuts one stream's latency (measured on 2 cores: "Hello there," in one
         # call, 88 ms narrow, 63 ms wide).
         cores = os.cpu_count() or 1
+        # The decoder kept in onnxruntime's blocked layout where it runs here
+        # (``piper_blocked``: ~10 % less CPU per frame), else the plain graph.
+        blocked = blocked_decoder(split.decoder, split.cut.z) if split.conv2d else None
+        self.blocked = blocked is not None
+        decoder: Path | bytes = blocked or split.decoder
         self._front = session(split.front, intra_op_threads)
-        self._decoder = session(split.decoder, intra_op_threads)
+        self._decoder = session(decoder, intra_op_threads)
         wide = cores > intra_op_threads
         self._front_wide = session(split.front, cores) if wide else None
-        self._decoder_wide = session(split.decoder, cores) if wide else None
+        self._decoder_wide = session(decoder, cores) if wide else None
         self._split = split
         self._piper = piper_cls(session=self._front, config=config_cls.from_dict(config_dict))
         # Piper's own synthesize() peak-normalizes each sentence, which makes

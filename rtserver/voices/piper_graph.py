@@ -266,7 +266,7 @@ def _same_output(folder: Path, flat: Any, cut: DecoderCut) -> bool:
                                            providers=["CPUExecutionProvider"])
         rng = np.random.default_rng(0)
         feed = {name: rng.standard_normal((1, ch, 64 if name == cut.z else 1)).astype(np.float32)
-                for name, ch in _input_channels(flat).items()}
+                for name, ch in input_channels(flat).items()}
         a = np.asarray(one.run(None, feed)[0]).reshape(-1)
         b = np.asarray(two.run(None, feed)[0]).reshape(-1)
     except Exception:  # onnxruntime's own errors: the rewrite does not apply
@@ -275,7 +275,7 @@ def _same_output(folder: Path, flat: Any, cut: DecoderCut) -> bool:
         1e-6, float(np.max(np.abs(a))))
 
 
-def _input_channels(model: Any) -> dict[str, int]:
+def input_channels(model: Any) -> dict[str, int]:
     """Graph input -> its channels, from the weight of the conv that reads it."""
     weights = {t.name: list(t.dims) for t in model.graph.initializer}
     found: dict[str, int] = {}

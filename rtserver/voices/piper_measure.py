@@ -1,6 +1,6 @@
 """Measurements behind the Piper chunking and scheduling numbers.
 
-``python -m rtserver.voices.piper_measure rf|costs|plans|batch [--model X.onnx]``
+``python -m rtserver.voices.piper_measure rf|costs|plans|blocked|batch [--model X.onnx]``
 (default: the embedded voice). Times are CPU seconds of this process
 (``time.process_time``, best of a few runs), so other programs sharing the
 machine disturb them less than wall time; one onnxruntime thread per call.
@@ -11,6 +11,8 @@ machine disturb them less than wall time; one onnxruntime thread per call.
   decoder, and the eager, near and bulk chunk plans, on four sentences.
 - ``plans``: decoder frames run per frame of audio (windows overlap by the
   receptive field) and decodes per sentence, by plan and sentence length.
+- ``blocked``: CPU time per second of audio of the plain decoder and of the
+  blocked one (``piper_blocked``), windows of 20-300 frames, runs interleaved.
 - ``batch``: one onnxruntime call on B equal-length windows vs B calls; a
   ratio under 1 means batching the streams' chunks pays.
 """
@@ -76,9 +78,35 @@ def _decode_all(dec: Any, cut: DecoderCut, plans: list[tuple[np.ndarray, list[De
             dec.run(None, _dec_feed(cut, z[:, :, j.start_frame:j.end_frame]))
 
 
+def _compare_blocked(decoder: Path, cut: DecoderCut, z: np.ndarray, frame_rate: float) -> None:
+    import onnxruntime
+
+    from rtserver.voices.piper_blocked import blocked_decoder, session_options
+
+    model = blocked_decoder(decoder, cut.z)
+    if model is None:
+        print("  the blocked decoder does not apply on this machine")
+        return
+    plain = _session(decoder)
+    blocked = onnxruntime.InferenceSession(model, sess_options=session_options(1),
+                                           providers=["CPUExecutionProvider"])
+    print("CPU ms per audio s, one thread, median of 9 interleaved runs:")
+    for length in (20, 48, 140, 300):
+        feed = _dec_feed(cut, z[:, :, :length])
+        times: dict[str, list[float]] = {"plain": [], "blocked": []}
+        for _ in range(9):
+            for name, session in (("plain", plain), ("blocked", blocked)):
+                t = time.process_time()
+                session.run(None, feed)
+                times[name].append(time.process_time() - t)
+        med = {k: sorted(v)[len(v) // 2] * 1000 * frame_rate / length for k, v in times.items()}
+        print(f"  {length} frames: plain {med['plain']:.1f}, blocked {med['blocked']:.1f} "
+              f"({med['blocked'] / med['plain']:.3f}x)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rtserver.voices.piper_measure")
-    parser.add_argument("what", choices=["rf", "costs", "plans", "batch"])
+    parser.add_argument("what", choices=["rf", "costs", "plans", "blocked", "batch"])
     parser.add_argument("--model", type=Path, help="a Piper .onnx (default: the embedded voice)")
     args = parser.parse_args(argv)
     from rtserver.voices.piper import embedded_voice_files, voice_files_from_path
@@ -130,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             t = _cpu_s(functools.partial(_decode_all, dec, split.cut, plans))
             print(f"  decoder {name}: {sum(len(js) for _, js in plans)} chunks, windows "
                   f"{window / frames:.2f}x the frames, {t / audio_s:.4f} ({t / t_dec:.2f}x whole)")
+    elif args.what == "blocked":
+        _compare_blocked(split.decoder, split.cut, np.concatenate(zs, axis=2), rate / split.hop)
     elif args.what == "plans":
         lengths = (40, 80, 120, 200, 300)
         print(f"decoder frames per audio frame (decodes) for sentences of {lengths} frames:")
