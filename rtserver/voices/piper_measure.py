@@ -3,7 +3,8 @@
 ``python -m rtserver.voices.piper_measure rf|costs|plans|blocked|batch [--model X.onnx]``
 (default: the embedded voice). Times are CPU seconds of this process
 (``time.process_time``, best of a few runs), so other programs sharing the
-machine disturb them less than wall time; one onnxruntime thread per call.
+machine disturb them less than wall time; one onnxruntime thread per call;
+the decoder as the server runs it (blocked layout where that applies).
 
 - ``rf``: the decoder's hop and receptive field (``piper_graph.measure_decoder``),
   plus how far a change reaches above -120/-80/-60/-40 dB re the RMS.
@@ -48,6 +49,19 @@ def _session(path: Path) -> Any:
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), sess_options=opts,
+                                        providers=["CPUExecutionProvider"])
+
+
+def _decoder_session(path: Path, cut: DecoderCut) -> Any:
+    """The decoder as the server runs it: blocked where that applies."""
+    import onnxruntime
+
+    from rtserver.voices.piper_blocked import blocked_decoder, session_options
+
+    model = blocked_decoder(path, cut.z)
+    if model is None:
+        return _session(path)
+    return onnxruntime.InferenceSession(model, sess_options=session_options(1),
                                         providers=["CPUExecutionProvider"])
 
 
@@ -115,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     split = split_voice(files.model)
     if split.cut.g is not None:
         raise SystemExit("multi-speaker voices: measure with a single-speaker one")
-    front, dec = _session(split.front), _session(split.decoder)
+    front, dec = _session(split.front), _decoder_session(split.decoder, split.cut)
     from rtserver.voices.piper import _import_piper
 
     piper = _import_piper()[0].load(files.model, config_path=files.config)
