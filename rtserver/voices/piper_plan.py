@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob
 
 # The front's compute per frame of latent, relative to the decoder's, for the
-# hint's cost model: 0.48 measured on en_US-joe-medium on this 2-core CPU
-# (CPU time, one thread, four sentences, 2-D decoder: front with phonemizing
-# 0.027 s per audio s, decoder 0.056; ``python -m rtserver.voices.piper_measure
-# costs``).
-FRONT_COST_RATIO = 0.48
+# hint's cost model: 0.53 measured on en_US-joe-medium on this 2-core CPU
+# (CPU time, one thread, four sentences, blocked 2-D decoder: front with
+# phonemizing 0.023 s per audio s, decoder 0.044; ``python -m
+# rtserver.voices.piper_measure costs``).
+FRONT_COST_RATIO = 0.53
 
 
 @dataclass(frozen=True, slots=True)
