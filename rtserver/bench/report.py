@@ -286,17 +286,21 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
                         ratio_lines)
         lines.append("")
     steps = results.get("steps", [])
+    audio_s = step_audio_s(results.get("samples", []))
     cpu_rows = [[st["system"], st["load"], _level(st["level"]), _fmt(st["seconds"]),
                  _fmt(st["cpu"]["busy_cores"], 2), _fmt(st["cpu"]["ours_cores"], 2),
-                 _fmt(st["cpu"]["other_cores"], 2)]
+                 _fmt(st["cpu"]["other_cores"], 2), _fmt(_cpu_per_audio_s(st, audio_s), 3)]
                 for st in steps if (st.get("cpu") or {}).get("busy_cores") is not None]
     if cpu_rows:
         lines += ["## CPU during each step", "",
                   "Cores busy on the whole machine, by the bench and the servers it started "
                   "(ours), and by every other process (other: load that competed with the "
-                  "server under test; near 0 for a clean run).", ""]
+                  "server under test; near 0 for a clean run). Ours per audio s: CPU "
+                  "seconds of ours per second of audio received, so C whole cores carry "
+                  "at most C / that many real-time streams (other load makes it larger).",
+                  ""]
         lines += _table(["system", "load", "level", "seconds", "busy cores", "ours",
-                         "other"], cpu_rows)
+                         "other", "ours per audio s"], cpu_rows)
         lines.append("")
     server_rows = []
     for st in steps:
@@ -327,6 +331,23 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
               "waits count against the server), rtserver/bench/listener.py (the listener) and "
               "rtserver/bench/README.md.", ""]
     return "\n".join(lines)
+
+
+def step_audio_s(samples: Iterable[Sample]) -> dict[GroupKey, float]:
+    """Seconds of audio the client received, per step (``group_key``)."""
+    out: dict[GroupKey, float] = {}
+    for s in samples:
+        key = group_key(s)
+        out[key] = out.get(key, 0.0) + float(s.get("audio_ms") or 0.0) / 1000.0
+    return out
+
+
+def _cpu_per_audio_s(step: dict[str, Any], audio_s: dict[GroupKey, float]) -> float | None:
+    audio = audio_s.get(group_key(step), 0.0)
+    ours = step["cpu"].get("ours_cores")
+    if not audio or ours is None:
+        return None
+    return float(ours) * float(step["seconds"]) / audio
 
 
 def ratios(rows: Sequence[Row]) -> list[list[str]]:

@@ -311,3 +311,14 @@ def _results() -> dict[str, object]:
                        "tokens_per_s": 40.0, "jitter": 0.3, "format": "opus",
                        "sample_rate": 48000, "frame_ms": 20},
             "steps": []}
+
+
+def test_cpu_table_gives_cpu_seconds_per_second_of_audio() -> None:
+    samples = [{**s, "audio_ms": 5000.0} for s in _samples(20, [50, 60, 70, 80])]
+    results = {**_results(), "samples": samples, "steps": [
+        {"system": "rtserver", "run": "sweep", "load": "stream/word", "level": 20,
+         "seconds": 10.0, "cpu": {"busy_cores": 1.9, "ours_cores": 1.8, "other_cores": 0.1}}]}
+    assert report.step_audio_s(samples) == {("rtserver", "sweep", "stream/word", 20.0): 20.0}
+    text = report.markdown(results, report.aggregate(samples), [])
+    # 1.8 cores x 10 s for 4 x 5 s of audio
+    assert "| rtserver | stream/word | 20 | 10 | 1.90 | 1.80 | 0.10 | 0.900 |" in text
