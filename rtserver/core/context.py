@@ -18,17 +18,18 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rtserver.audio.framer import SAMPLE_RATES, Framer, PcmS16Framer
 from rtserver.audio.opus import OpusFramer
 from rtserver.audio.pcm import FloatArray
-from rtserver.audio.resample import Resampler
+from rtserver.audio.resample import Resampler, output_after_chunks
 from rtserver.core.events import AudioFrames, Finished, Ledger, Sink, SinkClosed
 from rtserver.core.stats import VoiceStats
 from rtserver.errors import EngineFailed, InternalError, RtError
-from rtserver.pacing.hints import ahead_ms, prebuffer_ms
+from rtserver.pacing.hints import ahead_ms, heard_chunks_ms, prebuffer_ms
 from rtserver.protocol.messages import BufferHint, Cancelled, Done, SegmentStarted, Start
 from rtserver.protocol.session import error_message
 from rtserver.text.segmenter import Segment, Segmenter
@@ -401,7 +402,7 @@ class SpeechContext:
         plan = self.voice.info.chunk_plan_ms
         cost: list[float] | None = None
         if plan:  # a streaming voice: its own chunk schedule within the segment
-            chunks = list(plan)
+            chunks = self._as_heard(plan)
             if len(self.voice.info.chunk_cost_ms) == len(plan):
                 cost = list(self.voice.info.chunk_cost_ms)
         else:
@@ -420,6 +421,21 @@ class SpeechContext:
         self.sink.control(BufferHint(
             context=self.context, prebuffer_ms=round(hint, 1), rtf=round(rtf, 4),
             ahead_ms=round(ahead_ms(self.ledger.next_seq * self.start.frame_ms, elapsed), 1)))
+
+    def _as_heard(self, plan_ms: Sequence[float]) -> list[float]:
+        """The voice's planned chunks as the listener gets them: the resampler
+        holds some audio back (6-37 ms at 22050 -> 48000 Hz, varying by
+        chunk), the framer sends whole frames, and at the context's start
+        the decoder drops its pre-skip. Planning with the voice's own chunk
+        sizes told a listener to start on Piper's first chunk (109 ms) when
+        only 60 ms of it had gone out, and it underran (CI, 2026-12-03)."""
+        in_rate = self.voice.info.sample_rate
+        out_rate = self.encode_rate()
+        sizes = tuple(round(ms * in_rate / 1000.0) for ms in plan_ms)
+        sent = output_after_chunks(in_rate, out_rate, sizes)
+        # pre_skip is in samples at 48 kHz (framer.Framer)
+        skip_ms = self.framer.pre_skip / 48.0 if self.ledger.next_seq == 0 else 0.0
+        return heard_chunks_ms(sent, out_rate, self.framer.frame_samples, skip_ms)
 
     # --- the end -----------------------------------------------------------------
 

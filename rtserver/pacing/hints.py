@@ -190,6 +190,33 @@ def prebuffer_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
     return jitter_ms  # no chunks: nothing to wait for
 
 
+def heard_chunks_ms(sent_samples: Sequence[int], sample_rate: int, frame_samples: int,
+                    skip_ms: float = 0.0) -> list[float]:
+    """A voice's chunks as a listener receives them, in ms of audio.
+
+    ``sent_samples[k]``: samples handed to the framer once chunk k is made,
+    cumulative (after a resampler's hold-back, ``output_after_chunks``). The
+    framer sends whole frames only, so the audio out after chunk k is
+    ``floor(sent / frame) * frame``; the decoder drops ``skip_ms`` from the
+    very start (Opus pre-skip). A chunk may come out as 0 ms (all held back).
+    """
+    if sample_rate <= 0 or frame_samples <= 0:
+        raise ValueError("sample_rate and frame_samples must be > 0")
+    if not (math.isfinite(skip_ms) and skip_ms >= 0):
+        raise ValueError(f"skip_ms must be finite and >= 0, not {skip_ms}")
+    out: list[float] = []
+    before = 0.0
+    last = 0
+    for n in sent_samples:
+        if n < last:
+            raise ValueError("sent_samples must be cumulative (non-decreasing)")
+        last = n
+        held = max(0.0, 1000.0 * (n // frame_samples) * frame_samples / sample_rate - skip_ms)
+        out.append(held - before)
+        before = held
+    return out
+
+
 def start_delay_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float) -> float:
     """DESIGN.md's ``max_k[r (D_{k+1} - d_0) - D_k] + J``: how long after the
     first chunk arrives to start playing (a wait in time, not an amount of
@@ -268,6 +295,7 @@ __all__ = [
     "HintConfig",
     "PlaybackResult",
     "ahead_ms",
+    "heard_chunks_ms",
     "planned_arrivals",
     "prebuffer_ms",
     "simulate_playback",

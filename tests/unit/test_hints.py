@@ -10,6 +10,7 @@ from rtserver.pacing.hints import (
     HintConfig,
     PlaybackResult,
     ahead_ms,
+    heard_chunks_ms,
     planned_arrivals,
     prebuffer_ms,
     simulate_playback,
@@ -93,6 +94,22 @@ def test_hint_is_never_negative_and_validates() -> None:
             prebuffer_ms(*bad)
     with pytest.raises(ValueError):
         prebuffer_ms(0.5, [100.0, 100.0], 40.0, ready_ms=[0.0])
+
+
+def test_heard_chunks_by_hand() -> None:
+    # 48 kHz, 20 ms frames (960 samples): whole frames go out, the partial one
+    # waits for the next chunk; 6.5 ms of pre-skip come off the very start
+    assert heard_chunks_ms([3500, 3500, 10000], 48000, 960, skip_ms=6.5) == [53.5, 0.0, 140.0]
+    assert heard_chunks_ms([0, 960], 48000, 960) == [0.0, 20.0]
+    assert heard_chunks_ms([], 48000, 960) == []
+    # pre-skip longer than what went out: nothing heard yet, never negative
+    assert heard_chunks_ms([960, 1920], 48000, 960, skip_ms=30.0) == [0.0, 10.0]
+    with pytest.raises(ValueError):
+        heard_chunks_ms([960, 10], 48000, 960)  # not cumulative
+    with pytest.raises(ValueError):
+        heard_chunks_ms([960], 48000, 0)
+    with pytest.raises(ValueError):
+        heard_chunks_ms([960], 48000, 960, skip_ms=-1.0)
 
 
 def test_ahead() -> None:

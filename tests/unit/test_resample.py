@@ -8,7 +8,7 @@ import soxr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtserver.audio.resample import Resampler
+from rtserver.audio.resample import Resampler, output_after_chunks
 
 
 def _sine(rate: int, n: int, hz: float) -> np.ndarray:
@@ -87,3 +87,23 @@ def test_float64_input_is_accepted_as_float32() -> None:
     r = Resampler(22050, 48000)
     y = np.concatenate([r.process(x), r.flush()])
     assert y.dtype == np.float32 and abs(len(y) - 4800) <= 2
+
+
+@pytest.mark.parametrize("out_rate", [48000, 24000, 22050, 16000])
+def test_output_after_chunks_is_what_a_resampler_returns(out_rate: int) -> None:
+    # Piper's first chunks at 22050 Hz, in samples; speech-like content: the
+    # hold-back depends on the sizes only
+    sizes = (2410, 10240, 20480, 33280)
+    x = _sine(22050, sum(sizes), 220.0)
+    r = Resampler(22050, out_rate)
+    got, i = [], 0
+    for n in sizes:
+        got.append((got[-1] if got else 0) + len(r.process(x[i:i + n])))
+        i += n
+    assert output_after_chunks(22050, out_rate, sizes) == tuple(got)
+    if out_rate == 22050:
+        assert got == [2410, 12650, 33130, 66410]
+    else:  # soxr holds some back (HQ at 22050 -> 48000: 35 ms of the first chunk)
+        assert got[0] < round(2410 * out_rate / 22050)
+    with pytest.raises(ValueError):
+        output_after_chunks(22050, out_rate, (10, -1))
