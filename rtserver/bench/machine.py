@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx", "piper-tts",
-            "prometheus-client", "uvloop", "soxr", "matplotlib", "uvicorn", "httptools", "av")
+            "prometheus-client", "uvloop", "matplotlib", "uvicorn", "httptools", "av")
 
 
 def _cpu_model() -> str:

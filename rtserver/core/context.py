@@ -117,8 +117,9 @@ class SpeechContext:
         takes it as input and it is not above the requested rate (SNAC's 24 kHz),
         else the requested rate. An Opus packet decodes at any rate, so the
         client still decodes at ``start.sample_rate``; skipping the resampler
-        skips its hold-back too (soxr HQ returns nothing for the first 768
-        samples of 24 -> 48 kHz: that held the first frame back a whole chunk).
+        skips its hold-back too (libsoxr HQ, used before, returned nothing for
+        the first 768 samples of 24 -> 48 kHz: that held the first frame back
+        a whole chunk; ours holds 1.5 ms).
         """
         native = self.voice.info.sample_rate
         if (self.start.format == "opus" and native in SAMPLE_RATES
@@ -424,11 +425,12 @@ class SpeechContext:
 
     def _as_heard(self, plan_ms: Sequence[float]) -> list[float]:
         """The voice's planned chunks as the listener gets them: the resampler
-        holds some audio back (6-37 ms at 22050 -> 48000 Hz, varying by
-        chunk), the framer sends whole frames, and at the context's start
-        the decoder drops its pre-skip. Planning with the voice's own chunk
-        sizes told a listener to start on Piper's first chunk (109 ms) when
-        only 60 ms of it had gone out, and it underran (CI, 2026-12-03)."""
+        holds a little back (1.4 ms at 22050 -> 48000 Hz), the framer sends
+        whole frames, and at the context's start the decoder drops its
+        pre-skip: Piper's 109 ms first chunk is heard as 93.5 ms. Planning
+        with the voice's own sizes (and libsoxr, which held back 6-37 ms)
+        told a listener to start on a first chunk of which 53.5 ms had gone
+        out, and it underran (CI, 2026-12-03)."""
         in_rate = self.voice.info.sample_rate
         out_rate = self.encode_rate()
         sizes = tuple(round(ms * in_rate / 1000.0) for ms in plan_ms)

@@ -1,10 +1,10 @@
-"""The streaming resampler: chunked output equals one-shot output, lengths, fidelity."""
+"""The streaming resampler: chunked output equals one-shot output, lengths,
+fidelity, and how little it holds back."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import soxr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,10 +35,8 @@ def test_random_chunks_match_one_shot(out_rate: int, sizes: list[int]) -> None:
     whole = _stream(Resampler(in_rate, out_rate), x, [])
     assert chunked.dtype == np.float32
     assert len(chunked) == len(whole)
-    np.testing.assert_allclose(chunked, whole, atol=1e-6)
-    # and soxr's own one-shot conversion at the same quality
-    reference = soxr.resample(x, in_rate, out_rate, "HQ")
-    np.testing.assert_allclose(chunked, reference, atol=1e-6)
+    np.testing.assert_array_equal(chunked, whole)
+    assert abs(len(whole) - round(len(x) * out_rate / in_rate)) <= 1
 
 
 @pytest.mark.parametrize(("in_rate", "out_rate"),
@@ -55,7 +53,7 @@ def test_length_and_fidelity_against_the_ideal_sine(in_rate: int, out_rate: int,
     edge = out_rate // 20  # the filter's start/end transients (50 ms)
     err = y[edge:-edge] - ideal[edge:-edge]
     snr = 10 * np.log10(np.sum(ideal[edge:-edge] ** 2) / np.sum(err ** 2))
-    assert snr > 110.0  # measured 131-163 dB; soxr HQ is a 20-bit (120 dB) recipe
+    assert snr > 110.0  # measured 123-137 dB (resample.FILTER); s16 PCM carries 96 dB
 
 
 def test_equal_rates_pass_through() -> None:
@@ -76,8 +74,6 @@ def test_use_after_flush_and_bad_arguments_raise() -> None:
         r.flush()
     with pytest.raises(ValueError):
         Resampler(0, 48000)
-    with pytest.raises(ValueError):
-        Resampler(22050, 48000, quality="best")
     with pytest.raises(ValueError):
         Resampler(22050, 48000).process(np.zeros((2, 10), dtype=np.float32))
 
@@ -103,7 +99,23 @@ def test_output_after_chunks_is_what_a_resampler_returns(out_rate: int) -> None:
     assert output_after_chunks(22050, out_rate, sizes) == tuple(got)
     if out_rate == 22050:
         assert got == [2410, 12650, 33130, 66410]
-    else:  # soxr holds some back (HQ at 22050 -> 48000: 35 ms of the first chunk)
-        assert got[0] < round(2410 * out_rate / 22050)
     with pytest.raises(ValueError):
         output_after_chunks(22050, out_rate, (10, -1))
+
+
+@pytest.mark.parametrize("out_rate", [48000, 24000, 16000, 8000])
+@pytest.mark.parametrize("in_rate", [22050, 24000])
+def test_little_audio_is_held_back(in_rate: int, out_rate: int) -> None:
+    # Held-back audio is not sent, so no listener can hear it: at most half
+    # the filter (64 taps at the lower rate: 1.5 ms at 22050 -> 48000, 4 ms
+    # down to 8000), whatever the chunk sizes (libsoxr HQ held 6-37 ms at
+    # 22050 -> 48000), for Piper's (22050 Hz) and SNAC's (24000 Hz) chunks.
+    if in_rate == out_rate:
+        return
+    sizes = tuple(round(ms * in_rate / 1000) for ms in (20, 109.3, 464.4, 928.8, 1509.3))
+    sent = output_after_chunks(in_rate, out_rate, sizes)
+    total = 0
+    for n, out in zip(sizes, sent, strict=True):
+        total += n
+        held_ms = 1000.0 * (total / in_rate - out / out_rate)
+        assert 0.0 <= held_ms <= 1000.0 * 34 / min(in_rate, out_rate), (n, held_ms)
