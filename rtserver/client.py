@@ -64,7 +64,7 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
 from rtserver.protocol.messages import (
     BufferHint,
@@ -617,14 +617,21 @@ class RtClient:
     def connect(cls, url: str, token: str | None = None, *, clock: Clock = time.monotonic,
                 on_error: Callable[[ErrorMessage | ProtocolViolation], None] | None = None,
                 open_timeout: float = 10.0, max_size: int = DEFAULT_MAX_SIZE,
-                headers: dict[str, str] | None = None) -> _Connecting:
+                headers: dict[str, str] | None = None,
+                connect_retries: int = 2) -> _Connecting:
         """Open a connection and read `ready`: ``await`` it or use ``async with``.
 
         ``token`` goes in ``Authorization: Bearer``. A refused handshake
-        raises ``HandshakeRejected`` (status 401 for a wrong key).
+        raises ``HandshakeRejected`` (status 401 for a wrong key). A TCP
+        connection that the server resets or closes before any HTTP answer
+        (nothing of it was served: a process of several on one port that
+        stops listening drops the connections still queued for it) is tried
+        again, up to ``connect_retries`` times.
         """
+        if connect_retries < 0:
+            raise ValueError("connect_retries must be >= 0")
         return _Connecting(cls, url, token, clock, on_error, open_timeout, max_size,
-                           dict(headers or {}))
+                           dict(headers or {}), connect_retries)
 
     # --- contexts ----------------------------------------------------------------------
 
@@ -779,20 +786,30 @@ class _Connecting:
 
     def __init__(self, cls: type[RtClient], url: str, token: str | None, clock: Clock,
                  on_error: Callable[[ErrorMessage | ProtocolViolation], None] | None,
-                 open_timeout: float, max_size: int, headers: dict[str, str]) -> None:
+                 open_timeout: float, max_size: int, headers: dict[str, str],
+                 retries: int = 0) -> None:
         self._args = (cls, url, token, clock, on_error, open_timeout, max_size, headers)
+        self._retries = retries
         self._client: RtClient | None = None
 
     async def _open(self) -> RtClient:
         cls, url, token, clock, on_error, open_timeout, max_size, headers = self._args
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        try:
-            ws = await ws_connect(url, additional_headers=headers or None, compression=None,
-                                  max_size=max_size, open_timeout=open_timeout, proxy=None,
-                                  max_queue=None)
-        except InvalidStatus as exc:
-            raise HandshakeRejected(exc.response.status_code) from None
+        tries = self._retries + 1
+        for attempt in range(tries):
+            try:
+                ws = await ws_connect(url, additional_headers=headers or None,
+                                      compression=None, max_size=max_size,
+                                      open_timeout=open_timeout, proxy=None, max_queue=None)
+                break
+            except InvalidStatus as exc:
+                raise HandshakeRejected(exc.response.status_code) from None
+            except (InvalidMessage, ConnectionResetError) as exc:
+                unanswered = isinstance(exc, ConnectionResetError) or isinstance(
+                    exc.__cause__, EOFError | ConnectionResetError)
+                if not unanswered or attempt == tries - 1:
+                    raise
         try:
             first = await asyncio.wait_for(ws.recv(), open_timeout)
             if not isinstance(first, str):
