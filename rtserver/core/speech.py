@@ -51,7 +51,8 @@ class SpeechCore:
         if stats is None:
             hints = self.hint_config
             stats = self.voice_stats[voice] = VoiceStats(
-                rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load)
+                rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load,
+                parallel=self.voices[voice].info.parallel_segments)
         return stats
 
     def open(self, start: Start, sink: Sink, *, stream: int = 0,

@@ -30,12 +30,13 @@ class VoiceStats:
     audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
     live: LiveRates = field(default_factory=LiveRates)  # segments in flight
     load: ServerLoad = field(default_factory=ServerLoad)  # shared by the server's voices
+    parallel: int = 0  # VoiceInfo.parallel_segments
 
     def rtf_estimate(self, q: float, now: float) -> float:
         """The r to plan with: the ``q``-quantile of recent completed segments
         made at the present load (extrapolated above it), or of the segments
         in flight when those are slower (load rising)."""
-        done = self.rtf.percentile(q, now, load=self.load.active)
+        done = self.rtf.percentile(q, now, load=self.load.active, parallel=self.parallel)
         live = self.live.percentile(q)
         return done if live is None else max(done, live)
 

@@ -92,7 +92,7 @@ class RtfTracker:
         self._total += 1
 
     def percentile(self, q: float | None = None, now: float | None = None,
-                   load: float | None = None) -> float:
+                   load: float | None = None, parallel: int = 0) -> float:
         """Nearest-rank ``q``-quantile of the window (``q`` defaults to the
         config's): the smallest value with at least ``q`` of the window at or
         below it, so a short window answers its maximum for high q.
@@ -102,7 +102,13 @@ class RtfTracker:
         or more count (r grows with load: lighter ones would promise too
         much); above every load in the window, the heaviest ones count, plus
         ``load_slope`` per context beyond them, so a burst of new streams is
-        planned for before any of its segments completes."""
+        planned for before any of its segments completes. Before any slope
+        is known, a voice that makes ``parallel`` segments at full speed (its
+        worker threads) is assumed to share them: r grows as
+        ``max(1, load / parallel)`` from the heaviest load seen. A burst of
+        8 Piper users after one had hints from r 0.16 while it ran at 0.6-0.96
+        on 2 workers, and 7 of 8 underran once
+        (bench/results/cpu-piper-2026-12-03-capacity)."""
         q = self._config.percentile if q is None else q
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must be in [0, 1], not {q}")
@@ -120,6 +126,8 @@ class RtfTracker:
         slope = self._slope.slope()
         if load > heaviest and slope is not None:
             value += slope * (load - heaviest)
+        elif load > heaviest and parallel > 0:
+            value *= max(1.0, load / parallel) / max(1.0, heaviest / parallel)
         return value
 
 

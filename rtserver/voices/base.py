@@ -26,6 +26,10 @@ class VoiceInfo:
     # The audio (ms) of model output each of those chunks waits for (a
     # vocoder's decode emits only up to its lookahead); empty: the chunk's own.
     chunk_cost_ms: tuple[float, ...] = ()
+    # How many segments the voice makes at full speed at once (a CPU voice:
+    # its worker threads); more at once share them, so each is slower in
+    # proportion. 0: not bounded that way (a batching engine on a GPU).
+    parallel_segments: int = 0
 
 
 class Marks(dict[str, float]):

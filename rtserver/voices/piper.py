@@ -172,7 +172,8 @@ class PiperVoice:
         lang = str(config_dict.get("language", {}).get("code", "en"))
         self._info = VoiceInfo(
             name=f"piper:{files.name}", family="piper", sample_rate=rate, language=lang,
-            description=f"Piper VITS voice {files.name}", chunk_plan_ms=plan, chunk_cost_ms=cost)
+            description=f"Piper VITS voice {files.name}", chunk_plan_ms=plan, chunk_cost_ms=cost,
+            parallel_segments=pool.workers)
 
     @property
     def info(self) -> VoiceInfo:

@@ -372,6 +372,30 @@ def test_quantile_at_a_load_ignores_lighter_loads_and_extrapolates_above() -> No
         tracker.observe(0.1, 1.0, load=-1)
 
 
+def test_a_cpu_voice_shares_its_workers_before_any_slope_is_known() -> None:
+    # bench/results/cpu-piper-2026-12-03-capacity: Piper ran at r ~0.16 alone,
+    # then 8 users started at once on its 2 worker threads and ran at r 0.6-0.96
+    # with hints planned from 0.16: 7 of 8 underran on their first reply
+    tracker = RtfTracker(HintConfig(percentile=0.95))
+    for t in range(6):
+        tracker.observe(0.16, 1.0, now=float(t), load=1)
+    assert tracker.load_slope is None  # one load seen: no slope yet
+    assert tracker.percentile(now=6.0, load=8) == pytest.approx(0.16)  # no prior: as before
+    assert tracker.percentile(now=6.0, load=8, parallel=2) == pytest.approx(0.64)
+    assert tracker.percentile(now=6.0, load=2, parallel=2) == pytest.approx(0.16)  # fits
+    # loads 1 and 6 seen: the fitted slope wins over the prior
+    for t in range(6, 12):
+        tracker.observe(0.48, 1.0, now=float(t), load=6)
+    slope = tracker.load_slope
+    assert slope is not None
+    assert tracker.percentile(now=12.0, load=8, parallel=2) == pytest.approx(0.48 + 2 * slope)
+    # the prior scales from the heaviest load seen: at 6 on 2 workers it was shared already
+    fresh = RtfTracker(HintConfig(percentile=0.95))
+    for t in range(6):
+        fresh.observe(0.48, 1.0, now=float(t), load=6)
+    assert fresh.percentile(now=6.0, load=8, parallel=2) == pytest.approx(0.64)
+
+
 def test_a_burst_is_planned_for_from_the_loads_before_it() -> None:
     # bench/results/h200-orpheus-v3-2026-12-03/run2/burst: levels of 8 and 32
     # users ran at r 0.32-0.33 and 0.47-0.49; then 64 users at once ran at
