@@ -135,6 +135,13 @@ class PiperVoice:
                 options.inter_op_num_threads = 1
                 # Spinning threads steal the cores other streams' calls need.
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            # No memory patterns: onnxruntime keeps one per distinct input shape
+            # (never evicted) and gives each run one block of that pattern's peak
+            # size from the session's arena. Piper's shapes change with every
+            # sentence and decode window, so concurrent runs of blocks of ever
+            # different sizes fragment the arena, which grew without bound (the
+            # soak's +54 MB in 25 min; bench/results/rss-2026-12-03).
+            options.enable_mem_pattern = False
             try:
                 return onnxruntime.InferenceSession(
                     model if isinstance(model, bytes) else str(model), sess_options=options,
