@@ -36,6 +36,7 @@ from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
 from rtserver.voices.piper_blocked import blocked_decoder
 from rtserver.voices.piper_blocked import session_options as blocked_session_options
+from rtserver.voices.piper_espeak import patch_espeakbridge
 from rtserver.voices.piper_graph import split_voice
 from rtserver.voices.piper_plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
 from rtserver.voices.synthesis_pool import SynthesisPool
@@ -87,10 +88,12 @@ def _import_piper() -> tuple[Any, Any]:
         import onnx  # noqa: F401  (piper_graph splits the graph with it)
         import onnxruntime  # noqa: F401
         from piper import PiperVoice as _Piper
+        from piper import espeakbridge
         from piper.config import PiperConfig
     except ImportError as exc:
         raise ConfigError(f"the Piper voice family needs the optional extra: pip install "
                           f"'rtserver[piper]' ({exc})") from None
+    patch_espeakbridge(espeakbridge)  # its two leaks (piper_espeak)
     return _Piper, PiperConfig
 
 
