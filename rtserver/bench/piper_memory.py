@@ -108,9 +108,8 @@ def _sessions(mem_pattern: bool, arena: bool) -> tuple[list[tuple[Any, Any]], st
     decoder in the blocked layout where it applies)."""
     import onnxruntime
 
-    from rtserver.voices.piper import embedded_voice_files
+    from rtserver.voices.piper import embedded_voice_files, session_options
     from rtserver.voices.piper_blocked import blocked_decoder
-    from rtserver.voices.piper_blocked import session_options as blocked_options
     from rtserver.voices.piper_graph import split_voice
 
     split = split_voice(embedded_voice_files().model)
@@ -122,17 +121,8 @@ def _sessions(mem_pattern: bool, arena: bool) -> tuple[list[tuple[Any, Any]], st
         onnxruntime.create_and_register_allocator(info, cfg)
 
     def session(model: Any, threads: int) -> Any:
-        if isinstance(model, bytes):
-            options = blocked_options(threads)
-        else:
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.enable_mem_pattern = mem_pattern
-        options.enable_cpu_mem_arena = arena
-        if SHARED_ARENA:
-            options.add_session_config_entry("session.use_env_allocators", "1")
+        options = session_options(model, threads, mem_pattern=mem_pattern, arena=arena,
+                                  shared_arena=bool(SHARED_ARENA))
         return onnxruntime.InferenceSession(
             model if isinstance(model, bytes) else str(model), sess_options=options,
             providers=["CPUExecutionProvider"])

@@ -102,6 +102,34 @@ def _import_piper() -> tuple[Any, Any]:
     return _Piper, PiperConfig
 
 
+def session_options(model: Path | bytes, threads: int, *, mem_pattern: bool = False,
+                    arena: bool = True, shared_arena: bool = False) -> Any:
+    """onnxruntime ``SessionOptions`` for one of the voice's graphs (``bytes``:
+    the blocked decoder, optimized already) on ``threads`` threads. The
+    defaults are the server's; ``piper_memory`` varies them to compare."""
+    import onnxruntime
+
+    if isinstance(model, bytes):
+        options = blocked_session_options(threads)
+    else:
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # Spinning threads steal the cores other streams' calls need.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # No memory patterns: onnxruntime keeps one per distinct input shape
+    # (never evicted) and gives each run one block of that pattern's peak
+    # size from the session's arena. Piper's shapes change with every
+    # sentence and decode window, so concurrent runs of blocks of ever
+    # different sizes fragment the arena, which grew without bound (the
+    # soak's +54 MB in 25 min; bench/results/rss-2026-12-03).
+    options.enable_mem_pattern = mem_pattern
+    options.enable_cpu_mem_arena = arena
+    if shared_arena:  # the environment's arena (``_shared_cpu_arena``)
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    return options
+
+
 def _shared_cpu_arena(onnxruntime: Any) -> bool:
     """One CPU arena for every Piper session of the process (registered once
     with onnxruntime's environment); False if it could not be registered.
@@ -161,23 +189,7 @@ class PiperVoice:
         shared_arena = _shared_cpu_arena(onnxruntime)
 
         def session(model: Path | bytes, threads: int) -> onnxruntime.InferenceSession:
-            if isinstance(model, bytes):  # the blocked decoder, optimized already
-                options = blocked_session_options(threads)
-            else:
-                options = onnxruntime.SessionOptions()
-                options.intra_op_num_threads = threads
-                options.inter_op_num_threads = 1
-                # Spinning threads steal the cores other streams' calls need.
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            # No memory patterns: onnxruntime keeps one per distinct input shape
-            # (never evicted) and gives each run one block of that pattern's peak
-            # size from the session's arena. Piper's shapes change with every
-            # sentence and decode window, so concurrent runs of blocks of ever
-            # different sizes fragment the arena, which grew without bound (the
-            # soak's +54 MB in 25 min; bench/results/rss-2026-12-03).
-            options.enable_mem_pattern = False
-            if shared_arena:
-                options.add_session_config_entry("session.use_env_allocators", "1")
+            options = session_options(model, threads, shared_arena=shared_arena)
             try:
                 return onnxruntime.InferenceSession(
                     model if isinstance(model, bytes) else str(model), sess_options=options,
