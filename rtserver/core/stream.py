@@ -22,9 +22,9 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from rtserver.core.events import AudioFrames, ControlEvent, Event, Finished, SinkClosed
+from rtserver.core.events import AudioFrames, ControlEvent, Finished, SinkClosed
 from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, Start
 
 if TYPE_CHECKING:
@@ -32,33 +32,48 @@ if TYPE_CHECKING:
     from rtserver.core.speech import SpeechCore
 
 StreamEvent = ControlEvent | AudioFrames | Done
+T = TypeVar("T")
 
 
-class EventQueue:
-    """A bounded ``Sink`` read by one consumer (``get``)."""
+class AudioBoundedQueue(Generic[T]):
+    """A queue whose capacity is audio: ``audio`` waits while ``capacity_ms``
+    of frames are queued (backpressure, nothing dropped); control and finish
+    items never wait. One consumer takes items (``_next``) and reports the
+    audio it took (``_took``). The core's ``EventQueue`` and the WebSocket's
+    outbox are both one."""
 
-    def __init__(self, capacity_ms: int = 5_000) -> None:
+    closed_message = "the queue is closed"
+
+    def __init__(self, capacity_ms: int) -> None:
         self.capacity_ms = capacity_ms
-        self._items: deque[Event] = deque()
+        self._items: deque[T | AudioFrames | Finished] = deque()
         self._queued_ms = 0
         self._nonempty = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
         self.closed = False
 
-    def control(self, event: ControlEvent, *, urgent: bool = False) -> None:
+    @property
+    def queued_ms(self) -> int:
+        return self._queued_ms
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _put(self, item: T, *, urgent: bool = False) -> None:
         if urgent:
-            self._items.appendleft(event)
+            self._items.appendleft(item)
         else:
-            self._items.append(event)
+            self._items.append(item)
         self._nonempty.set()
 
     async def audio(self, event: AudioFrames) -> None:
+        """Queue frames, waiting while the queue is full."""
         while self._queued_ms >= self.capacity_ms and not self.closed:
             self._space.clear()
             await self._space.wait()
         if self.closed:
-            raise SinkClosed("the event queue is closed")
+            raise SinkClosed(self.closed_message)
         self._items.append(event)
         self._queued_ms += event.audio_ms
         self._nonempty.set()
@@ -67,35 +82,57 @@ class EventQueue:
         self._items.append(event)
         self._nonempty.set()
 
-    def fence(self, context: str) -> None:
-        kept: deque[Event] = deque()
-        for item in self._items:
-            if isinstance(item, AudioFrames) and item.context == context:
-                self._queued_ms -= item.audio_ms
-            elif item.context != context:
-                kept.append(item)
-        self._items = kept
-        self._space.set()
-
     def close(self) -> None:
-        """Wake a waiting producer; later puts raise ``SinkClosed``."""
+        """Wake every waiting producer and the consumer; later puts raise ``SinkClosed``."""
         self.closed = True
         self._space.set()
         self._nonempty.set()
 
+    async def _next(self) -> T | AudioFrames | Finished:
+        """The oldest item, waiting for one; ``SinkClosed`` once closed and empty."""
+        while not self._items:
+            if self.closed:
+                raise SinkClosed(self.closed_message)
+            self._nonempty.clear()
+            await self._nonempty.wait()
+        return self._items.popleft()
+
+    def _took(self, audio_ms: int) -> None:
+        """``audio_ms`` of queued frames left the queue (taken or dropped)."""
+        self._queued_ms -= audio_ms
+        if self._queued_ms < self.capacity_ms:
+            self._space.set()
+
+
+class EventQueue(AudioBoundedQueue[ControlEvent]):
+    """A bounded ``Sink`` read by one consumer (``get``)."""
+
+    closed_message = "the event queue is closed"
+
+    def __init__(self, capacity_ms: int = 5_000) -> None:
+        super().__init__(capacity_ms)
+
+    def control(self, event: ControlEvent, *, urgent: bool = False) -> None:
+        self._put(event, urgent=urgent)
+
+    def fence(self, context: str) -> None:
+        kept: deque[ControlEvent | AudioFrames | Finished] = deque()
+        dropped_ms = 0
+        for item in self._items:
+            if isinstance(item, AudioFrames) and item.context == context:
+                dropped_ms += item.audio_ms
+            elif item.context != context:
+                kept.append(item)
+        self._items = kept
+        self._took(dropped_ms)
+        self._space.set()
+
     async def get(self) -> StreamEvent:
         """The next event, in order; audio is delivered as it is taken and
         ``Finished`` becomes its ``Done``."""
-        while not self._items:
-            if self.closed:
-                raise SinkClosed("the event queue is closed")
-            self._nonempty.clear()
-            await self._nonempty.wait()
-        item = self._items.popleft()
+        item = await self._next()
         if isinstance(item, AudioFrames):
-            self._queued_ms -= item.audio_ms
-            if self._queued_ms < self.capacity_ms:
-                self._space.set()
+            self._took(item.audio_ms)
             if item.ledger.fenced:
                 return await self.get()
             item.ledger.delivered(item.seq + len(item.frames) - 1)

@@ -13,11 +13,11 @@ because the core stops its producer before fencing.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rtserver.core.events import AudioFrames, ControlEvent, Finished, SinkClosed
+from rtserver.core.events import AudioFrames, ControlEvent, Finished
+from rtserver.core.stream import AudioBoundedQueue
 from rtserver.protocol.messages import ServerMessage
 
 
@@ -30,25 +30,14 @@ class ControlItem:
 Item = AudioFrames | ControlItem | Finished
 
 
-@dataclass(slots=True)
-class Outbox:
-    capacity_ms: int
-    _items: deque[Item] = field(default_factory=deque)
-    _queued_ms: int = 0
-    _controls: int = 0  # control messages queued (the connection caps its replies)
-    _nonempty: asyncio.Event = field(default_factory=asyncio.Event)
-    _space: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
+class Outbox(AudioBoundedQueue[ControlItem]):
+    """The connection's send queue (``AudioBoundedQueue``) and its ``Sink``."""
 
-    def __post_init__(self) -> None:
-        self._space.set()
+    closed_message = "connection closed"
 
-    @property
-    def queued_ms(self) -> int:
-        return self._queued_ms
-
-    def __len__(self) -> int:
-        return len(self._items)
+    def __init__(self, capacity_ms: int) -> None:
+        super().__init__(capacity_ms)
+        self._controls = 0  # control messages queued (the connection caps its replies)
 
     @property
     def control_count(self) -> int:
@@ -60,21 +49,6 @@ class Outbox:
     def control(self, event: ControlEvent, *, urgent: bool = False) -> None:
         self.put_control(event, event.context, urgent=urgent)
 
-    async def audio(self, event: AudioFrames) -> None:
-        """Queue frames, waiting while the queue is full."""
-        while self._queued_ms >= self.capacity_ms and not self.closed:
-            self._space.clear()
-            await self._space.wait()
-        if self.closed:
-            raise SinkClosed("connection closed")
-        self._items.append(event)
-        self._queued_ms += event.audio_ms
-        self._nonempty.set()
-
-    def finish(self, event: Finished) -> None:
-        self._items.append(event)
-        self._nonempty.set()
-
     def fence(self, context: str) -> None:
         self.purge(context)
 
@@ -83,22 +57,17 @@ class Outbox:
     def put_control(self, message: ServerMessage, context: str | None = None, *,
                     urgent: bool = False) -> None:
         """Control messages are small and never wait; ``urgent`` jumps the queue."""
-        item = ControlItem(message, context)
         self._controls += 1
-        if urgent:
-            self._items.appendleft(item)
-        else:
-            self._items.append(item)
-        self._nonempty.set()
+        self._put(ControlItem(message, context), urgent=urgent)
 
     def purge(self, context: str) -> int:
         """Drop the context's queued items; return how many frames were dropped."""
         kept: deque[Item] = deque()
-        dropped = 0
+        dropped = dropped_ms = 0
         for item in self._items:
             if isinstance(item, AudioFrames) and item.ledger.context == context:
                 dropped += len(item.frames)
-                self._queued_ms -= item.audio_ms
+                dropped_ms += item.audio_ms
             elif isinstance(item, (ControlItem, Finished)) and item.context == context:
                 if isinstance(item, ControlItem):
                     self._controls -= 1
@@ -106,8 +75,7 @@ class Outbox:
             else:
                 kept.append(item)
         self._items = kept
-        if self._queued_ms < self.capacity_ms:
-            self._space.set()
+        self._took(dropped_ms)
         return dropped
 
     async def get_batch(self, max_frames: int) -> Item:
@@ -116,14 +84,11 @@ class Outbox:
         Merging stops at a segment start (its flag marks a message's first
         frame) and after a context's last frame.
         """
-        while not self._items:
-            self._nonempty.clear()
-            await self._nonempty.wait()
-        item = self._items.popleft()
+        item = await self._next()
         if isinstance(item, ControlItem):
             self._controls -= 1
         elif isinstance(item, AudioFrames):
-            self._queued_ms -= item.audio_ms
+            taken_ms = item.audio_ms
             if (not item.last and self._items and len(item.frames) < max_frames
                     and isinstance(self._items[0], AudioFrames)):
                 frames = list(item.frames)
@@ -135,18 +100,11 @@ class Outbox:
                             and len(frames) + len(nxt.frames) <= max_frames):
                         break
                     self._items.popleft()
-                    self._queued_ms -= nxt.audio_ms
+                    taken_ms += nxt.audio_ms
                     frames.extend(nxt.frames)
                     last = nxt.last
                 if len(frames) > len(item.frames):
                     item = AudioFrames(item.ledger, item.seq, tuple(frames),
                                        item.segment_start, last)
-            if self._queued_ms < self.capacity_ms:
-                self._space.set()
+            self._took(taken_ms)
         return item
-
-    def close(self) -> None:
-        """Wake every waiting producer; later puts raise ``SinkClosed``."""
-        self.closed = True
-        self._space.set()
-        self._nonempty.set()
