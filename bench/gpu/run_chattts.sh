@@ -4,7 +4,8 @@
 #   PH=b  steady traffic 1..512     PH=c  burst, metrics, stop, the chattts package's reference
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
-T0=$(date +%s); left() { echo $(( 580 - ($(date +%s) - T0) )); }
+# T_START: when the call's command began (an install may run before this script)
+T0=${T_START:-$(date +%s)}; left() { echo $(( 580 - ($(date +%s) - T0) )); }
 CK=/tmp/chattts-random; O=/tmp/ct; mkdir -p $O
 G="python3 -m rtserver.bench.gpu_chattts --ckpt $CK --out $O"
 case ${PH:-a} in
@@ -23,8 +24,10 @@ c)
   timeout 170 $G burst --levels ${LEVELS:-32,64,128} 2>&1 | tail -25
   $G metrics 2>&1 | tail -5; $G stop 2>&1 | tail -3
   timeout 20 python3 -m rtserver.bench.chattts_reference --check-deps 2>&1 | tail -20
-  timeout $(( $(left) - 15 )) python3 -m rtserver.bench.chattts_reference --ckpt $CK --device cuda \
-    --levels 1,2,4,8,16 --out $O/reference.json 2>&1 | tail -30
+  # REF_S caps the reference (each level prints a JSON line, kept in reference.log)
+  rs=$(( $(left) - 15 )); [ -n "${REF_S:-}" ] && [ "$REF_S" -lt "$rs" ] && rs=$REF_S
+  timeout $rs python3 -m rtserver.bench.chattts_reference --ckpt $CK --device cuda \
+    --levels ${REF_LEVELS:-1,2,4,8,16} --out $O/reference.json 2>&1 | tee $O/reference.log | tail -30
   ;;
 esac
 tar czf $OUT/ct-${PH:-a}.tgz -C /tmp ct 2>/dev/null
