@@ -21,6 +21,7 @@ import numpy as np
 
 from rtserver.audio.opus import OpusConfig, OpusFramer
 from rtserver.audio.pcm import FloatArray
+from rtserver.audio.quality import pesq_wb
 from rtserver.audio.resample import Resampler
 from rtserver.client import decode_frames
 
@@ -54,18 +55,6 @@ def encode(x: FloatArray, rate: int, complexity: int) -> tuple[float, list[bytes
         best = min(best, time.process_time() - t)
         pre_skip = framer.pre_skip
     return best, packets, pre_skip
-
-
-def pesq_wb(ref: FloatArray, out: FloatArray, rate: int) -> float | None:
-    try:
-        from pesq import pesq
-    except ImportError:
-        return None
-    to16 = (lambda a: a) if rate == 16000 else (
-        lambda a: np.asarray(Resampler(rate, 16000).process(a), dtype=np.float32))
-    a, b = to16(ref), to16(out)
-    n = min(len(a), len(b))
-    return float(pesq(16000, a[:n], b[:n], "wb"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,14 +36,22 @@ from rtserver.clock import Clock
 from rtserver.errors import ConfigError, EngineFailed
 from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
+from rtserver.voices.piper_bf16 import MAX_ERROR_DB, Bf16Decoder, error_db
 from rtserver.voices.piper_blocked import blocked_decoder
 from rtserver.voices.piper_blocked import session_options as blocked_session_options
 from rtserver.voices.piper_espeak import patch_espeakbridge
-from rtserver.voices.piper_graph import split_voice
-from rtserver.voices.piper_plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
+from rtserver.voices.piper_graph import SplitVoice, input_channels, split_voice
+from rtserver.voices.piper_plan import (
+    PiperChunking,
+    chunk_config,
+    hint_plan,
+    max_window_frames,
+    sentence_jobs,
+)
 from rtserver.voices.synthesis_pool import SynthesisPool
 
 EMBEDDED_NAME = "en_US-joe-medium"
+DECODER_PRECISIONS = ("float32", "bfloat16")
 T = TypeVar("T")
 log = logging.getLogger("rtserver.piper")
 _arena_lock = threading.Lock()
@@ -173,11 +181,18 @@ class PiperVoice:
     the pool serves the chunks of all streams earliest-deadline-first, and a
     context's first chunk (phonemize + front + first decode, one job) ahead
     of everything. ``blocked``: the decoder runs in onnxruntime's blocked
-    channel layout (``piper_blocked``).
+    channel layout (``piper_blocked``). ``decoder_precision`` ``"bfloat16"``:
+    the decoder runs in OpenVINO in bf16 (``piper_bf16``), unless its load
+    check finds the voice's audio off by more than ``MAX_ERROR_DB`` (then
+    float32, with a warning); ``decoder_precision`` says which runs.
     """
 
     def __init__(self, files: PiperFiles, pool: SynthesisPool, *, intra_op_threads: int = 1,
-                 cache_dir: Path | None = None, chunking: PiperChunking | None = None) -> None:
+                 cache_dir: Path | None = None, chunking: PiperChunking | None = None,
+                 decoder_precision: str = "float32") -> None:
+        if decoder_precision not in DECODER_PRECISIONS:
+            raise ConfigError(f"decoder_precision must be one of {DECODER_PRECISIONS}, "
+                              f"not {decoder_precision!r}")
         piper_cls, config_cls = _import_piper()
         import onnxruntime
 
@@ -211,7 +226,6 @@ class PiperVoice:
         self._decoder = session(decoder, intra_op_threads)
         wide = cores > intra_op_threads
         self._front_wide = session(split.front, cores) if wide else None
-        self._decoder_wide = session(decoder, cores) if wide else None
         self._split = split
         self._piper = piper_cls(session=self._front, config=config_cls.from_dict(config_dict))
         # Piper's own synthesize() peak-normalizes each sentence, which makes
@@ -223,11 +237,18 @@ class PiperVoice:
         self._chunks = chunk_config(split.hop, split.support, rate, self._chunking)
         self._near = chunk_config(split.hop, split.support, rate, self._chunking, plan="near")
         self._bulk = chunk_config(split.hop, split.support, rate, self._chunking, plan="bulk")
+        self._bf16 = (self._bf16_decoder(split, pool.workers * intra_op_threads)
+                      if decoder_precision == "bfloat16" else None)
+        self.decoder_precision = "bfloat16" if self._bf16 else "float32"
+        # bf16 serves every call; float32 keeps a wide session for idle ones.
+        self._decoder_wide = (session(decoder, cores) if wide and self._bf16 is None
+                              else None)
         plan, cost = hint_plan(self._chunks, rate)
         lang = str(config_dict.get("language", {}).get("code", "en"))
         self._info = VoiceInfo(
             name=f"piper:{files.name}", family="piper", sample_rate=rate, language=lang,
-            description=f"Piper VITS voice {files.name}", chunk_plan_ms=plan, chunk_cost_ms=cost,
+            description=f"Piper VITS voice {files.name} (decoder {self.decoder_precision})",
+            chunk_plan_ms=plan, chunk_cost_ms=cost,
             parallel_segments=pool.workers)
 
     @property
@@ -325,6 +346,8 @@ class PiperVoice:
 
     def _decode(self, sentence: _Sentence, job: DecodeJob) -> FloatArray:
         """The decoder's audio for the job's window of the latent."""
+        if self._bf16 is not None:
+            return self._bf16.decode(sentence.z, job.start_frame, job.end_frame, sentence.g)
         cut = self._split.cut
         feed = {cut.z: np.ascontiguousarray(sentence.z[:, :, job.start_frame:job.end_frame])}
         if cut.g is not None and sentence.g is not None:
@@ -332,6 +355,22 @@ class PiperVoice:
         wide = self._decoder_wide if self._idle() else None
         audio = (wide or self._decoder).run(None, feed)[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+    def _bf16_decoder(self, split: SplitVoice, streams: int) -> Bf16Decoder | None:
+        """The bf16 decoder, if its audio passes the load check."""
+        import onnx
+
+        bf16 = Bf16Decoder(split.decoder, split.cut, split.hop, streams=streams,
+                           max_frames=max(max_window_frames(c)
+                                          for c in (self._chunks, self._near, self._bulk)))
+        inputs = input_channels(onnx.load(str(split.decoder)))
+        err = error_db(bf16, self._decoder, inputs, split.cut)
+        if err > MAX_ERROR_DB:
+            log.warning("Piper decoder stays float32: bf16 is off by %.1f dB (limit %.1f)",
+                        err, MAX_ERROR_DB)
+            return None
+        log.info("Piper decoder in bf16 (OpenVINO): %.1f dB from float32 on random latents", err)
+        return bf16
 
     def _idle(self) -> bool:
         """Only this call runs and none waits: it may use every core."""

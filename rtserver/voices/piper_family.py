@@ -4,19 +4,21 @@
 
 Every Piper voice of a server shares one ``SynthesisPool`` (``[voice]
 threads``). The ``[piper]`` section sets the chunked decoding
-(``piper_plan.PiperChunking``) and where the split graphs are cached.
+(``piper_plan.PiperChunking``), the decoder's precision and where the split
+graphs are cached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rtserver.errors import ConfigError
-from rtserver.voices.piper import EMBEDDED_NAME
+from rtserver.voices.piper import DECODER_PRECISIONS, EMBEDDED_NAME
 from rtserver.voices.piper_plan import PiperChunking
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
 
@@ -28,13 +30,17 @@ _CHUNKING = PiperChunking()
 
 @dataclass(frozen=True, slots=True)
 class PiperSection:
-    """``[piper]``: chunked decoding (see ``PiperChunking``) and the cache."""
+    """``[piper]``: chunked decoding (see ``PiperChunking``), the decoder's
+    precision and the cache."""
 
     first_chunk_ms: float = _CHUNKING.first_chunk_ms
     growth: float = _CHUNKING.growth
     max_chunk_ms: float = _CHUNKING.max_chunk_ms
     eager_slack_ms: float = _CHUNKING.eager_slack_ms
     near_chunk_ms: float = _CHUNKING.near_chunk_ms
+    # "auto": bfloat16 (OpenVINO, ``piper_bf16``) where the CPU has native bf16
+    # and OpenVINO is installed, else float32 (onnxruntime).
+    decoder_precision: str = "auto"
     # Where the split graphs go ("": $XDG_CACHE_HOME/rtserver, ~/.cache/rtserver).
     cache_dir: str = ""
 
@@ -45,6 +51,23 @@ class PiperSection:
 
     def check(self) -> None:
         self.chunking()  # raises ValueError naming the field
+        if self.decoder_precision not in ("auto", *DECODER_PRECISIONS):
+            raise ValueError(f"decoder_precision must be auto, float32 or bfloat16, not "
+                             f"{self.decoder_precision!r}")
+
+    def precision(self) -> str:
+        """The decoder precision to load: ``auto`` resolved on this machine."""
+        from rtserver.voices.piper_bf16 import native_bf16
+
+        if self.decoder_precision == "float32":
+            return "float32"
+        native = native_bf16()
+        if self.decoder_precision == "bfloat16":
+            if not native:
+                raise ConfigError("piper decoder_precision bfloat16: this CPU has no native "
+                                  "bf16 (avx512_bf16 or amx_bf16); use auto or float32")
+            return "bfloat16"
+        return "bfloat16" if native and importlib.util.find_spec("openvino") else "float32"
 
 
 def _claims(spec: str) -> bool:
@@ -60,6 +83,7 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
 
     cfg = section if isinstance(section, PiperSection) else PiperSection()
     cache = Path(cfg.cache_dir) if cfg.cache_dir else None  # "~" expanded by split_voice
+    precision = cfg.precision()
     pool = SynthesisPool(settings.threads or (os.cpu_count() or 1), name="piper")
     out = FamilyVoices(voices={}, by_spec={},
                        release=lambda: asyncio.to_thread(pool.close))
@@ -72,7 +96,8 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
                 raise ConfigError(f"voice piper:{files.name} is configured twice")
             voice = await asyncio.to_thread(PiperVoice, files, pool,
                                             intra_op_threads=settings.intra_op_threads,
-                                            cache_dir=cache, chunking=cfg.chunking())
+                                            cache_dir=cache, chunking=cfg.chunking(),
+                                            decoder_precision=precision)
             out.voices[voice.info.name] = voice
             out.by_spec[spec] = voice.info.name
             out.warm_up_via.append(voice)

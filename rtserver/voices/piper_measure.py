@@ -1,6 +1,6 @@
 """Measurements behind the Piper chunking and scheduling numbers.
 
-``python -m rtserver.voices.piper_measure rf|costs|plans|blocked|batch [--model X.onnx]``
+``python -m rtserver.voices.piper_measure rf|costs|plans|blocked|batch|bf16 [--model X.onnx]``
 (default: the embedded voice). Times are CPU seconds of this process
 (``time.process_time``, best of a few runs), so other programs sharing the
 machine disturb them less than wall time; one onnxruntime thread per call;
@@ -16,6 +16,9 @@ the decoder as the server runs it (blocked layout where that applies).
   blocked one (``piper_blocked``), windows of 20-300 frames, runs interleaved.
 - ``batch``: one onnxruntime call on B equal-length windows vs B calls; a
   ratio under 1 means batching the streams' chunks pays.
+- ``bf16``: the decoder's CPU per audio s by plan, float32 (as above) vs bf16
+  (``piper_bf16``, in its shape buckets), and bf16's distance from float32
+  per sentence: RMS error in dB and, with the ``pesq`` package, wide-band PESQ.
 """
 
 from __future__ import annotations
@@ -118,9 +121,42 @@ def _compare_blocked(decoder: Path, cut: DecoderCut, z: np.ndarray, frame_rate: 
               f"({med['blocked'] / med['plain']:.3f}x)")
 
 
+def _decode_all_bf16(bf16: Any, plans: list[tuple[np.ndarray, list[DecodeJob]]]) -> None:
+    for z, jobs in plans:
+        for j in jobs:
+            bf16.decode(z, j.start_frame, j.end_frame)
+
+
+def _compare_bf16(split: Any, dec: Any, zs: list[np.ndarray], rate: int, audio_s: float
+                  ) -> None:
+    from rtserver.audio.quality import pesq_wb
+    from rtserver.voices.piper_bf16 import Bf16Decoder, native_bf16
+    from rtserver.voices.piper_plan import max_window_frames
+
+    configs = {name: chunk_config(split.hop, split.support, rate, PiperChunking(), plan=name)
+               for name in PLANS}
+
+    bf16 = Bf16Decoder(split.decoder, split.cut, split.hop, streams=1,
+                       max_frames=max(max_window_frames(c) for c in configs.values()))
+    print(f"native bf16: {native_bf16()}; buckets {bf16.sizes}")
+    print("decoder CPU s per audio s, one thread (float32 onnxruntime -> bf16 OpenVINO):")
+    for name, cfg in configs.items():
+        plans = [(z, sentence_jobs(cfg, int(z.shape[2]))) for z in zs]
+        t32 = _cpu_s(functools.partial(_decode_all, dec, split.cut, plans))
+        t16 = _cpu_s(functools.partial(_decode_all_bf16, bf16, plans))
+        print(f"  {name}: {t32 / audio_s:.4f} -> {t16 / audio_s:.4f} ({t16 / t32:.2f}x)")
+    for z in zs:
+        a = np.asarray(dec.run(None, _dec_feed(split.cut, z))[0]).reshape(-1)
+        b = bf16.decode(z, 0, int(z.shape[2]))
+        err = 20 * np.log10(np.sqrt(np.mean((b - a) ** 2) / np.mean(a ** 2)))
+        score = pesq_wb(a, b, rate)
+        print(f"  {z.shape[2]} frames: bf16 {err:.1f} dB from float32 (RMS), PESQ-WB "
+              f"{'n/a (no pesq package)' if score is None else f'{score:.2f}'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rtserver.voices.piper_measure")
-    parser.add_argument("what", choices=["rf", "costs", "plans", "blocked", "batch"])
+    parser.add_argument("what", choices=["rf", "costs", "plans", "blocked", "batch", "bf16"])
     parser.add_argument("--model", type=Path, help="a Piper .onnx (default: the embedded voice)")
     args = parser.parse_args(argv)
     from rtserver.voices.piper import embedded_voice_files, voice_files_from_path
@@ -184,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                 jobs = sentence_jobs(cfg, n)
                 row.append(f"{sum(j.n_frames for j in jobs) / n:.2f}x ({len(jobs)})")
             print(f"  {name}: " + ", ".join(row))
+    elif args.what == "bf16":
+        _compare_bf16(split, dec, zs, rate, audio_s)
     else:
         z = np.concatenate(zs, axis=2)
         for length in (16, 48, 85, 140):

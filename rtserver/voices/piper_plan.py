@@ -102,6 +102,12 @@ def sentence_jobs(config: ChunkConfig, n_frames: int) -> list[DecodeJob]:
     return jobs
 
 
+def max_window_frames(config: ChunkConfig) -> int:
+    """The most latent frames one decode of this geometry sees (a sentence's
+    decodes are capped at ``max_chunk_frames``, so long ones are planned)."""
+    return max(j.n_frames for j in sentence_jobs(config, 3 * config.max_chunk_frames + 64))
+
+
 def hint_plan(config: ChunkConfig, sample_rate: int, n_chunks: int = 6
               ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """``(chunk_plan_ms, chunk_cost_ms)`` for ``VoiceInfo`` (the hint maths).
