@@ -48,7 +48,7 @@ from rtserver.voices.piper_plan import (
     max_window_frames,
     sentence_jobs,
 )
-from rtserver.voices.synthesis_pool import SynthesisPool
+from rtserver.voices.synthesis_pool import SynthesisPool, run_at_nice
 
 EMBEDDED_NAME = "en_US-joe-medium"
 DECODER_PRECISIONS = ("float32", "bfloat16")
@@ -237,6 +237,7 @@ class PiperVoice:
         self._chunks = chunk_config(split.hop, split.support, rate, self._chunking)
         self._near = chunk_config(split.hop, split.support, rate, self._chunking, plan="near")
         self._bulk = chunk_config(split.hop, split.support, rate, self._chunking, plan="bulk")
+        self._bf16_first: Bf16Decoder | None = None
         self._bf16 = (self._bf16_decoder(split, pool.workers * intra_op_threads)
                       if decoder_precision == "bfloat16" else None)
         self.decoder_precision = "bfloat16" if self._bf16 else "float32"
@@ -342,12 +343,15 @@ class PiperVoice:
         config = self._chunks if first else self._near if soon else self._bulk
         plan = sentence_jobs(config, int(z.shape[2]))
         sentence = _Sentence(z=z, g=g, jobs=plan)
-        return sentence, self._decode(sentence, sentence.jobs[0])
+        return sentence, self._decode(sentence, sentence.jobs[0], first=first)
 
-    def _decode(self, sentence: _Sentence, job: DecodeJob) -> FloatArray:
-        """The decoder's audio for the job's window of the latent."""
+    def _decode(self, sentence: _Sentence, job: DecodeJob, *, first: bool = False
+                ) -> FloatArray:
+        """The decoder's audio for the job's window of the latent (``first``:
+        a context's first chunk)."""
         if self._bf16 is not None:
-            return self._bf16.decode(sentence.z, job.start_frame, job.end_frame, sentence.g)
+            bf16 = self._bf16_first if first and self._bf16_first else self._bf16
+            return bf16.decode(sentence.z, job.start_frame, job.end_frame, sentence.g)
         cut = self._split.cut
         feed = {cut.z: np.ascontiguousarray(sentence.z[:, :, job.start_frame:job.end_frame])}
         if cut.g is not None and sentence.g is not None:
@@ -357,12 +361,20 @@ class PiperVoice:
         return np.asarray(audio, dtype=np.float32).reshape(-1)
 
     def _bf16_decoder(self, split: SplitVoice, streams: int) -> Bf16Decoder | None:
-        """The bf16 decoder, if its audio passes the load check."""
+        """The bf16 decoder, if its audio passes the load check. Its threads
+        run at the pool's ``background_nice``; with one, a second decoder at
+        normal priority, for a context's first chunk only, keeps that chunk
+        ahead of the others on a shared core (``SynthesisPool``)."""
         import onnx
 
-        bf16 = Bf16Decoder(split.decoder, split.cut, split.hop, streams=streams,
-                           max_frames=max(max_window_frames(c)
-                                          for c in (self._chunks, self._near, self._bulk)))
+        nice = self._pool.background_nice
+        bf16 = run_at_nice(lambda: Bf16Decoder(
+            split.decoder, split.cut, split.hop, streams=streams,
+            max_frames=max(max_window_frames(c) for c in (self._chunks, self._near, self._bulk))),
+            nice)
+        if nice:
+            self._bf16_first = Bf16Decoder(split.decoder, split.cut, split.hop, streams=1,
+                                           max_frames=self._chunks.first_frames)
         inputs = input_channels(onnx.load(str(split.decoder)))
         err = error_db(bf16, self._decoder, inputs, split.cut)
         if err > MAX_ERROR_DB:

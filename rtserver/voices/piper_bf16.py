@@ -105,13 +105,14 @@ class Bf16Decoder:
         self._inputs = {port.get_any_name(): int(port.get_partial_shape()[1].get_length())
                         for port in self._model.inputs}
         requests = [self._model.create_infer_request() for _ in range(streams)]
-        # Every shape once per request now, not in a stream's first chunks:
-        # a shape's first run prepares its kernels (2.5-4x a later run).
+        # Every shape once now, not in a stream's first chunks: a shape's
+        # first run prepares its kernels (2.5-4x a later run), for every
+        # request of the model (they share the runtime cache).
         self.sizes = tuple(range(bucket_frames, shapes * bucket_frames, bucket_frames))
-        for request in requests:
-            for size in self.sizes:
-                request.infer(self._feed(np.zeros((1, self._inputs[cut.z], size), np.float32),
+        for size in self.sizes:
+            requests[0].infer(self._feed(np.zeros((1, self._inputs[cut.z], size), np.float32),
                                          None))
+        for request in requests:
             self._requests.put(request)
         self.shapes: set[int] = set(self.sizes)
 

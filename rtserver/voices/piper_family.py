@@ -41,6 +41,10 @@ class PiperSection:
     # "auto": bfloat16 (OpenVINO, ``piper_bf16``) where the CPU has native bf16
     # and OpenVINO is installed, else float32 (onnxruntime).
     decoder_precision: str = "auto"
+    # How much nicer than the server the threads run that make audio after a
+    # context's first chunk (``SynthesisPool``), so first chunks get the core
+    # they share with them. 0: all equal.
+    background_nice: int = 10
     # Where the split graphs go ("": $XDG_CACHE_HOME/rtserver, ~/.cache/rtserver).
     cache_dir: str = ""
 
@@ -51,6 +55,8 @@ class PiperSection:
 
     def check(self) -> None:
         self.chunking()  # raises ValueError naming the field
+        if not 0 <= self.background_nice <= 19:
+            raise ValueError(f"background_nice must be in 0..19, not {self.background_nice}")
         if self.decoder_precision not in ("auto", *DECODER_PRECISIONS):
             raise ValueError(f"decoder_precision must be auto, float32 or bfloat16, not "
                              f"{self.decoder_precision!r}")
@@ -84,7 +90,8 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
     cfg = section if isinstance(section, PiperSection) else PiperSection()
     cache = Path(cfg.cache_dir) if cfg.cache_dir else None  # "~" expanded by split_voice
     precision = cfg.precision()
-    pool = SynthesisPool(settings.threads or (os.cpu_count() or 1), name="piper")
+    pool = SynthesisPool(settings.threads or (os.cpu_count() or 1), name="piper",
+                         background_nice=cfg.background_nice)
     out = FamilyVoices(voices={}, by_spec={},
                        release=lambda: asyncio.to_thread(pool.close))
     try:

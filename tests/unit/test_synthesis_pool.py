@@ -1,10 +1,16 @@
-"""The synthesis pool: earliest deadline first, and a lane for first segments."""
+"""The synthesis pool: earliest deadline first, a lane for first segments, and
+the other threads' lower priority."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from pathlib import Path
 
-from rtserver.voices.synthesis_pool import SynthesisPool
+import pytest
+
+from rtserver.voices.synthesis_pool import SynthesisPool, run_at_nice
 
 
 def test_first_segment_runs_at_once_while_every_worker_is_busy() -> None:
@@ -67,3 +73,43 @@ def test_a_cancelled_queued_job_never_runs() -> None:
     finally:
         gate.set()
         pool.close()
+
+
+def _my_nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_background_workers_run_at_their_nice_and_the_first_lane_at_normal() -> None:
+    base = _my_nice()  # pytest itself may run under nice
+    pool = SynthesisPool(2, first_lane=1, background_nice=7)
+    try:
+        later = [pool.submit(_my_nice, first=False, deadline=float(i)) for i in range(4)]
+        assert [f.result(timeout=5) for f in later] == [min(19, base + 7)] * 4
+        lane = pool._threads[-1]  # the first lane's thread
+        assert lane.name.endswith("first-0") and lane.native_id is not None
+        stat = Path(f"/proc/self/task/{lane.native_id}/stat").read_text()
+        assert int(stat.rsplit(")", 1)[1].split()[16]) == base  # field 19: nice
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_run_at_nice_gives_threads_started_there_the_nice() -> None:
+    def start_one() -> int:
+        seen: list[int] = []
+        t = threading.Thread(target=lambda: seen.append(_my_nice()))
+        t.start()
+        t.join()
+        return seen[0]
+
+    base = _my_nice()
+    assert run_at_nice(start_one, 4) == min(19, base + 4)
+    assert _my_nice() == base  # the caller's own priority is untouched
+    with pytest.raises(ZeroDivisionError):
+        run_at_nice(lambda: 1 // 0, 3)
+
+
+def test_a_nice_outside_linux_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="background_nice"):
+        SynthesisPool(1, background_nice=20)
