@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx", "piper-tts",
+PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx", "openvino", "piper-tts",
             "prometheus-client", "uvloop", "matplotlib", "uvicorn", "httptools", "av")
 
 
