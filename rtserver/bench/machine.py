@@ -12,8 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx", "openvino", "piper-tts",
-            "prometheus-client", "uvloop", "matplotlib", "uvicorn", "httptools", "av")
+PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx", "openvino",
+            "piper-tts", "prometheus-client", "uvloop", "matplotlib", "uvicorn", "httptools", "av")
 
 
 def _cpu_model() -> str:
