@@ -40,7 +40,7 @@ from rtserver.voices.piper_bf16 import MAX_ERROR_DB, Bf16Decoder, error_db
 from rtserver.voices.piper_blocked import blocked_decoder
 from rtserver.voices.piper_blocked import session_options as blocked_session_options
 from rtserver.voices.piper_espeak import patch_espeakbridge
-from rtserver.voices.piper_graph import SplitVoice, input_channels, split_voice
+from rtserver.voices.piper_graph import SplitVoice, split_voice
 from rtserver.voices.piper_plan import (
     PiperChunking,
     chunk_config,
@@ -217,14 +217,8 @@ class PiperVoice:
         # cuts one stream's latency (measured on 2 cores: "Hello there," in one
         # call, 88 ms narrow, 63 ms wide).
         cores = os.cpu_count() or 1
-        # The decoder kept in onnxruntime's blocked layout where it runs here
-        # (``piper_blocked``: ~10 % less CPU per frame), else the plain graph.
-        blocked = blocked_decoder(split.decoder, split.cut.z) if split.conv2d else None
-        self.blocked = blocked is not None
-        decoder: Path | bytes = blocked or split.decoder
-        self._front = session(split.front, intra_op_threads)
-        self._decoder = session(decoder, intra_op_threads)
         wide = cores > intra_op_threads
+        self._front = session(split.front, intra_op_threads)
         self._front_wide = session(split.front, cores) if wide else None
         self._split = split
         self._piper = piper_cls(session=self._front, config=config_cls.from_dict(config_dict))
@@ -237,13 +231,21 @@ class PiperVoice:
         self._chunks = chunk_config(split.hop, split.support, rate, self._chunking)
         self._near = chunk_config(split.hop, split.support, rate, self._chunking, plan="near")
         self._bulk = chunk_config(split.hop, split.support, rate, self._chunking, plan="bulk")
-        self._bf16_first: Bf16Decoder | None = None
-        self._bf16 = (self._bf16_decoder(split, pool.workers * intra_op_threads)
-                      if decoder_precision == "bfloat16" else None)
-        self.decoder_precision = "bfloat16" if self._bf16 else "float32"
-        # bf16 serves every call; float32 keeps a wide session for idle ones.
-        self._decoder_wide = (session(decoder, cores) if wide and self._bf16 is None
-                              else None)
+        bf16 = (self._bf16_decoders(split, session(split.decoder, intra_op_threads),
+                                    intra_op_threads)
+                if decoder_precision == "bfloat16" else None)
+        self._bf16: Bf16Decoder | None = bf16[0] if bf16 else None
+        self._bf16_first: Bf16Decoder | None = bf16[1] if bf16 else None
+        self.decoder_precision = "bfloat16" if bf16 else "float32"
+        # float32 only: the decoder in onnxruntime's blocked layout where it
+        # runs here (``piper_blocked``: ~10 % less CPU per frame), else the
+        # plain graph, narrow and (for idle calls) wide. bf16 serves every call.
+        blocked = (blocked_decoder(split.decoder, split.cut.z)
+                   if split.conv2d and bf16 is None else None)
+        self.blocked = blocked is not None
+        decoder: Path | bytes = blocked or split.decoder
+        self._decoder = session(decoder, intra_op_threads) if bf16 is None else None
+        self._decoder_wide = session(decoder, cores) if wide and bf16 is None else None
         plan, cost = hint_plan(self._chunks, rate)
         lang = str(config_dict.get("language", {}).get("code", "en"))
         self._info = VoiceInfo(
@@ -349,9 +351,10 @@ class PiperVoice:
                 ) -> FloatArray:
         """The decoder's audio for the job's window of the latent (``first``:
         a context's first chunk)."""
-        if self._bf16 is not None:
-            bf16 = self._bf16_first if first and self._bf16_first else self._bf16
+        if self._bf16 is not None and self._bf16_first is not None:
+            bf16 = self._bf16_first if first else self._bf16
             return bf16.decode(sentence.z, job.start_frame, job.end_frame, sentence.g)
+        assert self._decoder is not None  # float32
         cut = self._split.cut
         feed = {cut.z: np.ascontiguousarray(sentence.z[:, :, job.start_frame:job.end_frame])}
         if cut.g is not None and sentence.g is not None:
@@ -360,29 +363,28 @@ class PiperVoice:
         audio = (wide or self._decoder).run(None, feed)[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1)
 
-    def _bf16_decoder(self, split: SplitVoice, streams: int) -> Bf16Decoder | None:
-        """The bf16 decoder, if its audio passes the load check. Its threads
-        run at the pool's ``background_nice``; with one, a second decoder at
-        normal priority, for a context's first chunk only, keeps that chunk
-        ahead of the others on a shared core (``SynthesisPool``)."""
-        import onnx
-
-        nice = self._pool.background_nice
-        bf16 = run_at_nice(lambda: Bf16Decoder(
-            split.decoder, split.cut, split.hop, streams=streams,
+    def _bf16_decoders(self, split: SplitVoice, float32: Any, threads: int
+                       ) -> tuple[Bf16Decoder, Bf16Decoder] | None:
+        """``(background, first)`` bf16 decoders, or None if their audio is
+        further than ``MAX_ERROR_DB`` from ``float32`` (an onnxruntime session
+        of the same graph). The background one serves the pool's workers and
+        its threads run at the pool's ``background_nice``; the first serves a
+        context's first chunk at normal priority, so that chunk goes ahead of
+        the others on a shared core (``SynthesisPool``)."""
+        background = run_at_nice(lambda: Bf16Decoder(
+            split.decoder, split.cut, split.hop, streams=self._pool.workers,
+            threads_per_stream=threads,
             max_frames=max(max_window_frames(c) for c in (self._chunks, self._near, self._bulk))),
-            nice)
-        if nice:
-            self._bf16_first = Bf16Decoder(split.decoder, split.cut, split.hop, streams=1,
-                                           max_frames=self._chunks.first_frames)
-        inputs = input_channels(onnx.load(str(split.decoder)))
-        err = error_db(bf16, self._decoder, inputs, split.cut)
+            self._pool.background_nice)
+        err = error_db(background, float32)
         if err > MAX_ERROR_DB:
             log.warning("Piper decoder stays float32: bf16 is off by %.1f dB (limit %.1f)",
                         err, MAX_ERROR_DB)
             return None
         log.info("Piper decoder in bf16 (OpenVINO): %.1f dB from float32 on random latents", err)
-        return bf16
+        first = Bf16Decoder(split.decoder, split.cut, split.hop, streams=1,
+                            threads_per_stream=threads, max_frames=self._chunks.first_frames)
+        return background, first
 
     def _idle(self) -> bool:
         """Only this call runs and none waits: it may use every core."""

@@ -74,19 +74,21 @@ def bucket_window(start: int, end: int, n_frames: int, bucket: int) -> tuple[int
 
 class Bf16Decoder:
     """The decoder graph compiled by OpenVINO in bf16, for ``streams`` callers
-    at a time (one thread each); ``decode`` is thread-safe and blocks while
-    all ``streams`` requests are in use."""
+    at a time (``threads_per_stream`` threads each); ``decode`` is thread-safe
+    and blocks while all ``streams`` requests are in use."""
 
     def __init__(self, decoder: Path, cut: DecoderCut, hop: int, *, streams: int,
-                 max_frames: int, bucket_frames: int = BUCKET_FRAMES) -> None:
+                 max_frames: int, threads_per_stream: int = 1,
+                 bucket_frames: int = BUCKET_FRAMES) -> None:
         try:
             import openvino
         except ImportError:
             raise ConfigError("piper decoder_precision 'bfloat16' needs OpenVINO: pip install "
                               "'rtserver[piper]'") from None
-        if streams < 1 or max_frames < 1 or bucket_frames < 1:
-            raise ValueError("streams, max_frames and bucket_frames must be >= 1")
-        self._cut = cut
+        if min(streams, max_frames, threads_per_stream, bucket_frames) < 1:
+            raise ValueError("streams, max_frames, threads_per_stream and bucket_frames "
+                             "must be >= 1")
+        self.cut = cut
         self._hop = hop
         self._bucket = bucket_frames
         shapes = math.ceil(max_frames / bucket_frames) + 1
@@ -95,14 +97,14 @@ class Bf16Decoder:
             self._model = core.compile_model(str(decoder), "CPU", {
                 "INFERENCE_PRECISION_HINT": "bf16",
                 "NUM_STREAMS": streams,  # one request per pool worker at a time
-                "INFERENCE_NUM_THREADS": streams,  # one thread each
+                "INFERENCE_NUM_THREADS": streams * threads_per_stream,
                 "ENABLE_CPU_PINNING": False,  # the cores are shared with the front
                 "CPU_RUNTIME_CACHE_CAPACITY": 4 * shapes,  # each shape's kernels, kept
             })
         except Exception as exc:  # OpenVINO raises RuntimeError with its own text
             raise ConfigError(f"Piper decoder {decoder} in OpenVINO: {exc}") from None
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._inputs = {port.get_any_name(): int(port.get_partial_shape()[1].get_length())
+        self.inputs = {port.get_any_name(): int(port.get_partial_shape()[1].get_length())
                         for port in self._model.inputs}
         requests = [self._model.create_infer_request() for _ in range(streams)]
         # Every shape once now, not in a stream's first chunks: a shape's
@@ -110,18 +112,18 @@ class Bf16Decoder:
         # request of the model (they share the runtime cache).
         self.sizes = tuple(range(bucket_frames, shapes * bucket_frames, bucket_frames))
         for size in self.sizes:
-            requests[0].infer(self._feed(np.zeros((1, self._inputs[cut.z], size), np.float32),
+            requests[0].infer(self._feed(np.zeros((1, self.inputs[cut.z], size), np.float32),
                                          None))
         for request in requests:
             self._requests.put(request)
         self.shapes: set[int] = set(self.sizes)
 
     def _feed(self, window: FloatArray, g: FloatArray | None) -> dict[str, np.ndarray]:
-        feed: dict[str, np.ndarray] = {self._cut.z: np.ascontiguousarray(window,
+        feed: dict[str, np.ndarray] = {self.cut.z: np.ascontiguousarray(window,
                                                                           dtype=np.float32)}
-        if self._cut.g is not None:
-            feed[self._cut.g] = (g if g is not None else
-                                 np.zeros((1, self._inputs[self._cut.g], 1), np.float32))
+        if self.cut.g is not None:
+            feed[self.cut.g] = (g if g is not None else
+                                 np.zeros((1, self.inputs[self.cut.g], 1), np.float32))
         return feed
 
     def decode(self, z: FloatArray, start: int, end: int, g: FloatArray | None = None
@@ -138,20 +140,22 @@ class Bf16Decoder:
         self.shapes.add(int(window.shape[2]))
         request = self._requests.get()
         try:
-            audio = np.asarray(request.infer(feed)[0], dtype=np.float32).reshape(-1)
+            # the feed is ours until infer returns; the output is a copy
+            audio = np.asarray(request.infer(feed, share_inputs=True)[0],
+                               dtype=np.float32).reshape(-1)
         finally:
             self._requests.put(request)
         skip = (start - first) * self._hop
-        return audio[skip:skip + (end - start) * self._hop].copy()
+        return audio[skip:skip + (end - start) * self._hop]
 
 
-def error_db(bf16: Bf16Decoder, float32: Any, inputs: dict[str, int], cut: DecoderCut,
-             frames: int = 64) -> float:
+def error_db(bf16: Bf16Decoder, float32: Any, frames: int = 64) -> float:
     """RMS of bf16 minus ``float32`` (an onnxruntime session of the same graph)
     re the float32 audio's RMS, on random latents of ``frames`` frames."""
+    cut = bf16.cut
     rng = np.random.default_rng(0)
     feed = {name: rng.standard_normal((1, ch, frames if name == cut.z else 1)
-                                      ).astype(np.float32) for name, ch in inputs.items()}
+                                      ).astype(np.float32) for name, ch in bf16.inputs.items()}
     want = np.asarray(float32.run(None, feed)[0], dtype=np.float32).reshape(-1)
     got = bf16.decode(feed[cut.z], 0, frames, feed.get(cut.g) if cut.g else None)
     rms = float(np.sqrt(np.mean(want ** 2)))
