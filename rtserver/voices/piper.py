@@ -219,7 +219,11 @@ class PiperVoice:
         cores = os.cpu_count() or 1
         wide = cores > intra_op_threads
         self._front = session(split.front, intra_op_threads)
-        self._front_wide = session(split.front, cores) if wide else None
+        # Its pool threads are made now and keep the nice they are made at:
+        # the pool's background one, so a wide front of a later segment does
+        # not take both cores at normal priority from everything else.
+        self._front_wide = (run_at_nice(lambda: session(split.front, cores),
+                                        pool.background_nice) if wide else None)
         self._split = split
         self._piper = piper_cls(session=self._front, config=config_cls.from_dict(config_dict))
         # Piper's own synthesize() peak-normalizes each sentence, which makes
