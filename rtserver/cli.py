@@ -111,7 +111,7 @@ def cmd_voices(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    from rtserver.bench.__main__ import main as bench_main
+    from rtserver.tools.bench.__main__ import main as bench_main
 
     return int(bench_main(rest) or 0)
 

@@ -16,7 +16,7 @@ export RTSERVER_ORPHEUS_BUDGET_FRAMES_PER_CHAR=0.8 RTSERVER_ORPHEUS_BUDGET_BASE_
 export RTSERVER_ADMISSION_CONNECTIONS_PER_MINUTE=0 RTSERVER_ADMISSION_CONTEXTS_PER_MINUTE=0 RTSERVER_ADMISSION_CHARS_PER_MINUTE=0 RTSERVER_ADMISSION_FIRST_HEARD_TARGET_MS=0
 # One server for the steady sweep, started by the bench itself (--spawn): it stops at once,
 # with the server log's tail, if the server exits before /ready (an engine start takes ~3 min).
-timeout $(( $(left) - 15 )) python3 -m rtserver.bench "${common[@]}" --spawn \
+timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench "${common[@]}" --spawn \
   --ready-timeout 400 --concurrency ${LEVELS:-1,8,32,64,128} \
   --duration ${DURATION:-18} --stagger-s ${STAGGER:-8} --warmup 0 --out /tmp/orph/stagger 2>&1 \
   | tail -60 | tee /tmp/orph/bench-stagger.log

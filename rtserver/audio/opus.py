@@ -18,7 +18,7 @@ Piper speech resampled to 48 kHz, 20 ms frames:
   Unconstrained VBR: TCP has no per-packet bitrate ceiling to honour.
 - complexity 2: Piper speech at 48 kHz costs 5.2 ms of CPU per second of
   audio vs 7.3 at 5 and 13.9 at 10, for wide-band PESQ 4.40 vs 4.49 and 4.54
-  (1 and 0: 3.9 and 3.3 ms, PESQ 4.25; ``python -m rtserver.bench.opus_cost``,
+  (1 and 0: 3.9 and 3.3 ms, PESQ 4.25; ``python -m rtserver.tools.bench.opus_cost``,
   2-core x86). At 20 Piper streams on two cores encoding was 8 % of the
   server's CPU at complexity 5; the 0.09 PESQ it buys is not worth that there.
   Encoding at 24 kHz costs about the same as at 48 kHz (4.98 ms at 2).

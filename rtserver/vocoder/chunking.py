@@ -32,7 +32,7 @@ decode with a long lookahead emits much less than its frames),
 samples (a burst of frames becomes several decodes, decoded in one batch),
 the final one up to ``lookahead + crossfade`` more.
 
-Sizing (SNAC 24 kHz decoder, ``python -m rtserver.vocoder.measure rf``): one code
+Sizing (SNAC 24 kHz decoder, ``python -m rtserver.tools.measure.snac rf``): one code
 changes output samples up to ``SNAC24_EXACT_SUPPORT`` = 4757 samples (2.32 frames)
 beyond its own span on either side -- derived from the layer kernels
 (``snac_model.decoder_support``), and confirmed by perturbing each of the 7
@@ -64,7 +64,7 @@ SNAC24_EXACT_SUPPORT = 4757
 # Error of a window cut short, vs the full decode, by distance (samples) from the
 # cut: worst over 256-sample spans, dB re signal RMS, real 24 kHz shape, random
 # weights, 5 cuts (3 right edges, 2 left edges) of random codes. Left and right
-# edges behave alike. Measured with ``python -m rtserver.vocoder.measure edges``.
+# edges behave alike. Measured with ``python -m rtserver.tools.measure.snac edges``.
 BOUNDARY_ERROR_DB: dict[int, float] = {
     0: -0.9, 512: -8.9, 1024: -6.0, 1536: -14.1, 2048: -20.8, 2560: -26.4, 3072: -33.3,
     3584: -42.2, 4096: -53.9, 4608: -109.2,  # 4608: float rounding

@@ -31,8 +31,8 @@ from rtserver.voices.base import Voice
 
 # Modules that define the built-in families (imported on first use).
 BUILTIN_FAMILIES: tuple[str, ...] = (
-    "rtserver.voices.piper_family",
-    "rtserver.voices.orpheus",
+    "rtserver.voices.piper.family",
+    "rtserver.voices.orpheus.voice",
     "rtserver.voices.chattts.family",
 )
 ENTRY_POINT_GROUP = "rtserver.voice_families"

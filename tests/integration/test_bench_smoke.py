@@ -13,7 +13,7 @@ from pathlib import Path
 def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "rtserver.bench", "--spawn", "--load", "stream,bargein",
+        [sys.executable, "-m", "rtserver.tools.bench", "--spawn", "--load", "stream,bargein",
          "--concurrency", "2", "--duration", "3", "--warmup", "1", "--seed", "smoke",
          "--out", str(out)],
         capture_output=True, text=True, timeout=120)
@@ -41,7 +41,7 @@ def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -
 
     summary = (out / "summary.md").read_text()
     assert "## Capacity" in summary and "stream/word" in summary
-    assert "python -m rtserver.bench --spawn" in summary
+    assert "python -m rtserver.tools.bench --spawn" in summary
     assert list(out.glob("ttfa_cdf_*.png")) and list(out.glob("realtime_*.png"))
     # the spawned server was stopped (its log is closed and says it ran)
     assert (out / "server.log").stat().st_size > 0

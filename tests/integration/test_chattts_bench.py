@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 
 def phase(*args: str, timeout: float = 240) -> str:
-    proc = subprocess.run([sys.executable, "-m", "rtserver.bench.gpu_chattts", *args],
+    proc = subprocess.run([sys.executable, "-m", "rtserver.tools.bench.gpu_chattts", *args],
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return proc.stdout

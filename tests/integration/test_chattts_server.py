@@ -18,7 +18,7 @@ pytest.importorskip("pybase16384")
 
 from rtserver.client import AudioFrames, RtClient, ServerError
 from rtserver.testing.server_thread import ServerThread
-from rtserver.voices.chattts.layout import write_tiny_chattts
+from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.chattts.speaker import encode_speaker
 
 SAMPLES_PER_STEP = 512

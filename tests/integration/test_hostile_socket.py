@@ -1,11 +1,11 @@
-"""Hostile messages over a real socket (a small run of rtserver.bench.fuzz; the
+"""Hostile messages over a real socket (a small run of rtserver.tools.bench.fuzz; the
 script sends 100k): each is answered by one error, no connection ends, and
 the context speaking on the same connection finishes with every frame."""
 
 from __future__ import annotations
 
-from rtserver.bench.fuzz import run_fuzz
 from rtserver.testing.server_thread import ServerThread
+from rtserver.tools.bench.fuzz import run_fuzz
 
 
 async def test_hostile_messages_are_answered_and_touch_nothing(server: ServerThread) -> None:

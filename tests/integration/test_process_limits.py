@@ -17,9 +17,15 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from rtserver.bench.server_proc import SpawnedServer, free_port, http_get, rtserver_command, spawn
-from rtserver.bench.soak import proc_stats
 from rtserver.client import RtClient
+from rtserver.tools.bench.server_proc import (
+    SpawnedServer,
+    free_port,
+    http_get,
+    rtserver_command,
+    spawn,
+)
+from rtserver.tools.bench.soak import proc_stats
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from rtserver.bench.server_proc import free_port, http_get, rtserver_command, spawn
+from rtserver.tools.bench.server_proc import free_port, http_get, rtserver_command, spawn
 
 pytestmark = pytest.mark.slow
 

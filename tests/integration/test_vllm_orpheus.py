@@ -20,11 +20,11 @@ import pytest_asyncio
 pytest.importorskip("vllm")
 
 from rtserver.engine.vllm_engine import VllmEngine
-from rtserver.vocoder.snac_layout import write_tiny_snac
-from rtserver.voices import orpheus_tokens as ot
+from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.voices.base import SynthesisRequest
-from rtserver.voices.orpheus import OrpheusConfig, OrpheusVoice, load_orpheus_voice
-from rtserver.voices.orpheus_layout import write_tiny_orpheus
+from rtserver.voices.orpheus import codes as ot
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
+from rtserver.voices.orpheus.voice import OrpheusConfig, OrpheusVoice, load_orpheus_voice
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 from rtserver.engine.quantization import declare_quantization, declared_quantization
 from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from rtserver.errors import ConfigError
-from rtserver.voices.orpheus_layout import write_tiny_orpheus
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
 
 pytestmark = [pytest.mark.vllm]
 

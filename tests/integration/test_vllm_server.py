@@ -19,8 +19,8 @@ pytest.importorskip("vllm")
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.testing.server_thread import ServerThread
-from rtserver.vocoder.snac_layout import write_tiny_snac
-from rtserver.voices.orpheus_layout import write_tiny_orpheus
+from rtserver.tools.layouts.snac import write_tiny_snac
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

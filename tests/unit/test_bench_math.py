@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtserver.bench import report
-from rtserver.bench.corpus import CORPUS, fragments, llm_tokens, token_offsets, words
-from rtserver.bench.listener import ListenerConfig, simulate
-from rtserver.bench.measure import TurnRecord, analyze, completing_send
-from rtserver.bench.stats import ecdf, percentile, summarize
+from rtserver.tools.bench import report
+from rtserver.tools.bench.corpus import CORPUS, fragments, llm_tokens, token_offsets, words
+from rtserver.tools.bench.listener import ListenerConfig, simulate
+from rtserver.tools.bench.measure import TurnRecord, analyze, completing_send
+from rtserver.tools.bench.stats import ecdf, percentile, summarize
 
 # --- percentiles ---------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Graph families get capture streams of their own (``rtserver.capture_streams``)."""
+"""Graph families get capture streams of their own (``rtserver.engine.capture_streams``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rtserver.capture_streams import CaptureStreams
+from rtserver.engine.capture_streams import CaptureStreams
 
 
 @dataclass

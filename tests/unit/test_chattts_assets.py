@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from rtserver.errors import ConfigError, UnknownVoice  # noqa: E402
+from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.assets import AssetError, load_lm_assets  # noqa: E402
-from rtserver.voices.chattts.layout import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.speaker import (  # noqa: E402
     SpeakerStats,
     decode_speaker,

@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rtserver.errors import ConfigError
-from rtserver.vocoder.chattts.checkpoint import CheckpointError, load_audio_models
-from rtserver.vocoder.chattts.dims import (
+from rtserver.tools.layouts.chattts_decoder import write_tiny_decoder_assets
+from rtserver.voices.chattts.decoder.checkpoint import CheckpointError, load_audio_models
+from rtserver.voices.chattts.decoder.dims import (
     REAL_DIMS,
     decoder_file_shapes,
     dvae_decode_shapes,
@@ -25,8 +26,7 @@ from rtserver.vocoder.chattts.dims import (
     tiny_dims,
     vocos_file_shapes,
 )
-from rtserver.vocoder.chattts.layout import write_tiny_decoder_assets
-from rtserver.vocoder.chattts.modules import MaskedISTFT, MelDecoder
+from rtserver.voices.chattts.decoder.modules import MaskedISTFT, MelDecoder
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rtserver.vocoder.chattts.config import CHATTTS_EXACT_SUPPORT, ChatTTSDecodeConfig
-from rtserver.vocoder.chattts.dims import REAL_DIMS, exact_support
-from rtserver.vocoder.chattts.measure import build_decoder, chatts_seam_report, random_steps
-from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder
+from rtserver.tools.measure.chattts_decoder import build_decoder, chatts_seam_report, random_steps
+from rtserver.tools.measure.snac import SeamReport
 from rtserver.vocoder.chunking import ChunkPlanner
-from rtserver.vocoder.measure import SeamReport
+from rtserver.voices.chattts.decoder.config import CHATTTS_EXACT_SUPPORT, ChatTTSDecodeConfig
+from rtserver.voices.chattts.decoder.dims import REAL_DIMS, exact_support
+from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder
 
 F = 512
 EXACT_DB = -100.0  # equal to the full decode: float32 rounding sits near -110 dB

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rtserver.errors import EngineFailed
-from rtserver.vocoder.chattts.config import ChatTTSDecodeConfig
-from rtserver.vocoder.chattts.layout import write_tiny_decoder_assets
-from rtserver.vocoder.chattts.model import StepWindow
-from rtserver.vocoder.chattts.stream import ChatTTSStream, ChatTTSVocoder
+from rtserver.tools.layouts.chattts_decoder import write_tiny_decoder_assets
+from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+from rtserver.voices.chattts.decoder.model import StepWindow
+from rtserver.voices.chattts.decoder.stream import ChatTTSStream, ChatTTSVocoder
 
 F = 512
 
@@ -183,8 +183,8 @@ def test_non_finite_decoder_output_fails_that_stream_only(root: Path) -> None:
 def _emulated(root: Path) -> ChatTTSVocoder:
     """A vocoder whose decoder runs the CUDA-graph bookkeeping (buckets, static
     buffers, zero-length padding rows, the first lane) on the CPU."""
-    from rtserver.vocoder.chattts.checkpoint import load_audio_models
-    from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder
+    from rtserver.voices.chattts.decoder.checkpoint import load_audio_models
+    from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder
 
     cfg = ChatTTSDecodeConfig(graph_frame_buckets=(16, 24, 48, 104), graph_max_cells=512,
                               max_batch=8)

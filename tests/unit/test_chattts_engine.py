@@ -17,11 +17,11 @@ from rtserver.engine.base import (  # noqa: E402
     SamplingSettings,
     TokenRequest,
 )
-from rtserver.engine.torch_engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
-from rtserver.engine.torch_engine.model import ChatLM  # noqa: E402
 from rtserver.errors import EngineFailed, Overloaded  # noqa: E402
+from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.assets import LmAssets, load_lm_assets  # noqa: E402
-from rtserver.voices.chattts.layout import write_tiny_chattts  # noqa: E402
+from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
+from rtserver.voices.chattts.engine.model import ChatLM  # noqa: E402
 
 # ChatTTS InferCodeParams defaults (upstream core.py)
 SAMPLING = SamplingSettings(temperature=0.3, top_p=0.7, top_k=20, repetition_penalty=1.05)
@@ -224,7 +224,7 @@ def test_sampler_matches_upstream_warpers() -> None:
     """Top-p then top-k as transformers' warpers with min_tokens_to_keep=3:
     the kept set equals theirs on random logits."""
     tr = pytest.importorskip("transformers.generation")
-    from rtserver.engine.torch_engine import sampling
+    from rtserver.voices.chattts.engine import sampling
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn((6, 626), generator=gen) * 3
@@ -245,7 +245,7 @@ def test_sampler_matches_upstream_warpers() -> None:
 
 
 def test_repetition_penalty_counts_the_window() -> None:
-    from rtserver.engine.torch_engine.sampling import penalty_counts
+    from rtserver.voices.chattts.engine.sampling import penalty_counts
 
     hist = torch.tensor([[[5, 5, 7, 626]]])
     counts = penalty_counts(hist, 626)

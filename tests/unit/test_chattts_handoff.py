@@ -13,13 +13,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rtserver.engine.base import SamplingSettings, TokenRequest  # noqa: E402
-from rtserver.engine.torch_engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
-from rtserver.engine.torch_engine.model import ChatLM  # noqa: E402
-from rtserver.vocoder.chattts.checkpoint import load_audio_models  # noqa: E402
-from rtserver.vocoder.chattts.layout import write_tiny_decoder_assets  # noqa: E402
-from rtserver.vocoder.chattts.model import ChatTTSWindowDecoder, StepWindow  # noqa: E402
+from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
+from rtserver.tools.layouts.chattts_decoder import write_tiny_decoder_assets  # noqa: E402
 from rtserver.voices.chattts.assets import load_lm_assets  # noqa: E402
-from rtserver.voices.chattts.layout import write_tiny_chattts  # noqa: E402
+from rtserver.voices.chattts.decoder.checkpoint import load_audio_models  # noqa: E402
+from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder, StepWindow  # noqa: E402
+from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
+from rtserver.voices.chattts.engine.model import ChatLM  # noqa: E402
 
 
 def test_engine_hidden_states_are_copies(tmp_path: Path) -> None:

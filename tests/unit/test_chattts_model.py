@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rtserver.engine.torch_engine.model import ChatLM  # noqa: E402
+from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.assets import load_lm_assets  # noqa: E402
-from rtserver.voices.chattts.layout import write_tiny_chattts  # noqa: E402
+from rtserver.voices.chattts.engine.model import ChatLM  # noqa: E402
 
 
 def test_prefill_and_decode_match_transformers(tmp_path: Path) -> None:

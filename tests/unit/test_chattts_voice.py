@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.base import SynthesisRequest
 from rtserver.voices.chattts.config import ChatTTSConfig
-from rtserver.voices.chattts.layout import write_tiny_chattts
 from rtserver.voices.chattts.voice import build_runtime
 
 

@@ -15,8 +15,8 @@ from rtserver.engine.quantization import (
     resolve_quantization,
 )
 from rtserver.errors import ConfigError
-from rtserver.voices.orpheus import OrpheusConfig
-from rtserver.voices.orpheus_layout import write_tiny_orpheus
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
+from rtserver.voices.orpheus.voice import OrpheusConfig
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 

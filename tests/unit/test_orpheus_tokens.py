@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtserver.voices import orpheus_tokens as ot
-from rtserver.voices.orpheus import AUDIO_MASK
+from rtserver.voices.orpheus import codes as ot
+from rtserver.voices.orpheus.voice import AUDIO_MASK
 
 
 def test_ids_match_upstream() -> None:
@@ -31,7 +31,7 @@ def test_ids_match_upstream() -> None:
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tokenizers import Tokenizer
 
-    from rtserver.voices.orpheus_layout import write_tiny_orpheus
+    from rtserver.voices.orpheus.layout import write_tiny_orpheus
 
     d = write_tiny_orpheus(Path(tmp_path_factory.mktemp("orpheus")), shape="tiny")
     return Tokenizer.from_file(str(d / "tokenizer.json"))

@@ -12,9 +12,9 @@ import pytest
 
 from rtserver.errors import ConfigError
 from rtserver.vocoder.chunking import SeamJoiner
-from rtserver.voices.piper_bf16 import bucket_window, native_bf16
-from rtserver.voices.piper_family import PiperSection
-from rtserver.voices.piper_plan import sentence_jobs
+from rtserver.voices.piper.bf16 import bucket_window, native_bf16
+from rtserver.voices.piper.family import PiperSection
+from rtserver.voices.piper.plan import sentence_jobs
 
 
 def test_a_window_is_extended_left_to_its_bucket() -> None:
@@ -49,7 +49,7 @@ def test_the_section_checks_the_precision(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(ValueError, match="decoder_precision"):
         PiperSection(decoder_precision="fp8").check()
     assert PiperSection(decoder_precision="float32").precision() == "float32"
-    monkeypatch.setattr("rtserver.voices.piper_bf16.native_bf16", lambda: False)
+    monkeypatch.setattr("rtserver.voices.piper.bf16.native_bf16", lambda: False)
     assert PiperSection().precision() == "float32"  # auto, without native bf16
     with pytest.raises(ConfigError, match="no native bf16"):
         PiperSection(decoder_precision="bfloat16").precision()
@@ -62,8 +62,8 @@ def bf16_voice():  # type: ignore[no-untyped-def]
     pytest.importorskip("openvino")
     if not native_bf16():
         pytest.skip("this CPU has no native bf16")
-    from rtserver.voices.piper import PiperVoice, embedded_voice_files
-    from rtserver.voices.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.voice import PiperVoice, embedded_voice_files
 
     pool = SynthesisPool(1, first_lane=0)
     voice = PiperVoice(embedded_voice_files(), pool, decoder_precision="bfloat16")

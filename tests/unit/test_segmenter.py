@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from rtserver.bench.corpus import CORPUS, llm_tokens
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
+from rtserver.tools.bench.corpus import CORPUS, llm_tokens
 
 NO_TIMER = SegmenterConfig(first_wait_s=0)
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 from snac.layers import NoiseBlock
 
+from rtserver.tools.layouts.snac import write_tiny_snac
+from rtserver.tools.measure.snac import decode_chunked, measure_reach, random_codes, seam_report
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher, group_windows
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
-from rtserver.vocoder.measure import decode_chunked, measure_reach, random_codes, seam_report
-from rtserver.vocoder.snac_layout import write_tiny_snac
-from rtserver.vocoder.snac_model import (
+from rtserver.voices.orpheus.snac_model import (
     SNAC24_CONFIG,
     TINY_SNAC_CONFIG,
     CodeWindow,
@@ -29,7 +29,7 @@ from rtserver.vocoder.snac_model import (
     decoder_support,
     load_snac_dir,
 )
-from rtserver.vocoder.stream import SnacVocoder, VocoderConfig
+from rtserver.voices.orpheus.snac_stream import SnacVocoder, VocoderConfig
 
 F = 2048
 EXACT_DB = -100.0  # "equal to the full decode": float32 rounding sits near -120 dB

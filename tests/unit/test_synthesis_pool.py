@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rtserver.voices.synthesis_pool import SynthesisPool, run_at_nice
+from rtserver.voices.piper.synthesis_pool import SynthesisPool, run_at_nice
 
 
 def test_first_segment_runs_at_once_while_every_worker_is_busy() -> None:

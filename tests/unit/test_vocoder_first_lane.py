@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
-from rtserver.vocoder.snac_model import CodeWindow
+from rtserver.voices.orpheus.snac_model import CodeWindow
 
 F = 2048
 GUARD_S = 10.0  # a hang fails the test instead of blocking the suite

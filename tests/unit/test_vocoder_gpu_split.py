@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rtserver.tools.measure.snac_gpu_split import main, segment_jobs, steady_window
 from rtserver.vocoder.chunking import ChunkConfig
-from rtserver.vocoder.gpu_split import main, segment_jobs, steady_window
 
 F = 2048
 

@@ -17,7 +17,7 @@
 
 Every shape is checked against the config; a missing file, key or shape is an
 ``AssetError`` naming the file. The shapes it reads into (``GptConfig``,
-``EmbedWeights``) are the torch engine's (``rtserver.engine.torch_engine.shapes``).
+``EmbedWeights``) are the torch engine's (``rtserver.voices.chattts.engine.shapes``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rtserver.engine.torch_engine.shapes import EmbedWeights, GptConfig
 from rtserver.errors import ConfigError
+from rtserver.voices.chattts.engine.shapes import EmbedWeights, GptConfig
 from rtserver.voices.chattts.speaker import SpeakerStats
 
 if TYPE_CHECKING:

@@ -53,7 +53,7 @@ class ChatTTSConfig:
     retry_after_ms: int = 500
     warm_up_steps: int = 8
     # Steps handed to the decoder one by one at a segment's start, then in
-    # blocks (engine.torch_engine.engine.TorchEngineConfig)
+    # blocks (chattts.engine.engine.TorchEngineConfig)
     eager_steps: int = 24
     stream_interval: int = 4
     # Benchmarks on random weights: EOS never sampled, speech runs to the budget.

@@ -339,10 +339,10 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     """Load the assets, start the engine and the decoder."""
     import torch
 
-    from rtserver.engine.torch_engine.engine import TorchCodeEngine, TorchEngineConfig
-    from rtserver.engine.torch_engine.model import ChatLM
-    from rtserver.vocoder.chattts.stream import ChatTTSVocoder
     from rtserver.voices.chattts.assets import load_lm_assets
+    from rtserver.voices.chattts.decoder.stream import ChatTTSVocoder
+    from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
+    from rtserver.voices.chattts.engine.model import ChatLM
 
     try:
         cfg.check()

@@ -1,0 +1,116 @@
+"""The torch engine alone (no server, no decoder) on a ChatTTS folder.
+
+For each level N, N requests of ``steps`` steps start together; per request:
+time to the first step (prefill included) and the step rate after it (real
+time needs 46.875 steps/s: 24 kHz / 512 samples per step). EOS is off, so
+every request runs its steps.
+
+    python -m rtserver.tools.bench.gpu_chattts_engine --ckpt CK --device cuda --levels 1,64,512
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from rtserver.engine.base import PromptEmbedding, SamplingSettings, TokenRequest
+
+STEPS_PER_S = 24000 / 512  # audio steps per second (upstream Vocos hop 256, 2 frames/step)
+TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
+
+
+async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list[int],
+                  steps: int) -> dict[str, Any]:
+    import torch
+
+    from rtserver.voices.chattts.assets import load_lm_assets
+    from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
+    from rtserver.voices.chattts.engine.model import ChatLM
+    from rtserver.voices.chattts.text import code_prompt
+
+    assets = load_lm_assets(ckpt)
+    cfg = assets.config
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+    def factory() -> ChatLM:
+        return ChatLM(cfg, assets.gpt, assets.embed, slots=slots, max_len=max_len,
+                      device=device, dtype=dtype)
+
+    engine = TorchCodeEngine(factory, TorchEngineConfig(
+        slots=slots, max_len=max_len, cuda_graphs=device.startswith("cuda"), ignore_eos=True),
+        eos_id=cfg.eos_id)
+    t0 = time.monotonic()
+    await engine.start()
+    start_s = time.monotonic() - t0
+    ids = tuple(assets.tokenizer.encode(code_prompt(TEXT)))
+    vec = np.random.default_rng(0).standard_normal(cfg.hidden_size)
+    vec = vec / np.linalg.norm(vec)
+    emb = (PromptEmbedding(assets.tokenizer.spk_emb_id, tuple(float(v) for v in vec)),)
+    out: dict[str, Any] = {"device": device, "slots": slots, "max_len": max_len,
+                           "steps": steps, "prompt_positions": len(ids),
+                           "start_s": round(start_s, 2), "levels": []}
+    try:
+        for n in levels:
+            async def one(i: int, n: int = n) -> tuple[float, float, int]:
+                req = TokenRequest(request_id=f"l{n}-{i}", prompt_token_ids=ids,
+                                   max_tokens=steps,
+                                   sampling=SamplingSettings(temperature=0.3, top_p=0.7,
+                                                             top_k=20, repetition_penalty=1.05,
+                                                             seed=i),
+                                   want_hidden=True, embeddings=emb)
+                t = time.monotonic()
+                first = last = 0.0
+                got = 0
+                async for d in engine.generate(req):
+                    now = time.monotonic() - t
+                    if got == 0:
+                        first = now
+                    got += len(d.codes)
+                    last = now
+                return first, last, got
+
+            t = time.monotonic()
+            res = await asyncio.gather(*(one(i) for i in range(n)))
+            wall = time.monotonic() - t
+            firsts = np.array([r[0] for r in res]) * 1000
+            rates = np.array([(r[2] - 1) / max(r[1] - r[0], 1e-9) for r in res])
+            out["levels"].append({
+                "streams": n, "wall_s": round(wall, 3),
+                "steps_per_s_total": round(sum(r[2] for r in res) / wall, 1),
+                "first_step_ms_p50": round(float(np.percentile(firsts, 50)), 2),
+                "first_step_ms_p99": round(float(np.percentile(firsts, 99)), 2),
+                "steps_per_s_per_stream_min": round(float(rates.min()), 1),
+                "real_time_x_min": round(float(rates.min()) / STEPS_PER_S, 2),
+            })
+            print(json.dumps(out["levels"][-1]), flush=True)
+    finally:
+        await engine.close()
+    return out
+
+
+def run_engine_levels(ckpt: str, *, device: str, slots: int, max_len: int, levels: list[int],
+                      steps: int) -> dict[str, Any]:
+    return asyncio.run(_levels(ckpt, device, slots, max_len, levels, steps))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--slots", type=int, default=512)
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--levels", default="1,8,32,64,128,256,512")
+    p.add_argument("--steps", type=int, default=64)
+    a = p.parse_args()
+    res = run_engine_levels(a.ckpt, device=a.device, slots=a.slots, max_len=a.max_len,
+                            levels=[int(x) for x in a.levels.split(",")], steps=a.steps)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

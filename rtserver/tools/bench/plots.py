@@ -1,0 +1,85 @@
+"""PNG plots of a run (matplotlib, Agg backend: no display needed).
+
+- ``ttfa_cdf_<system>_<load>.png``: TTFA CDF, one line per level.
+- ``realtime_<system>_<load>.png``: left, contexts that underran (%) and the
+  p99 stall per level; right, real-time streams (level × share without an
+  underrun) against the level, with the ideal diagonal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rtserver.tools.bench.report import Row, group_key
+from rtserver.tools.bench.stats import ecdf
+
+Sample = dict[str, Any]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
+
+
+def plot_all(samples: Sequence[Sample], rows: Sequence[Row], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    loads = sorted({(r.system, r.run, r.load) for r in rows})
+    for system, run, load in loads:
+        levels = sorted(r.level for r in rows if (r.system, r.run, r.load) == (system, run, load))
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for level in levels:
+            xs = [s["ttfa_ms"] for s in samples
+                  if group_key(s) == (system, run, load, level) and s.get("ttfa_ms") is not None]
+            if not xs:
+                continue
+            x, y = ecdf(xs)
+            ax.step(x, y, where="post", label=f"{level:g} ({len(xs)})")
+        ax.set_xlabel("TTFA from the completing text (ms)")
+        ax.set_ylabel("fraction of contexts")
+        ax.set_title(f"TTFA CDF, {system}, {run}, {load}")
+        ax.grid(alpha=0.3)
+        ax.legend(title="arrivals/s" if run == "poisson" else "streams", fontsize=8)
+        path = out_dir / f"ttfa_cdf_{_slug(system)}_{_slug(run)}_{_slug(load)}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+        if run == "poisson":
+            continue
+        rs = [r for r in rows if (r.system, r.run, r.load) == (system, run, load)]
+        rs.sort(key=lambda r: r.level)
+        lv = [r.level for r in rs]
+        under = [100.0 * r.stats["underrun_contexts"] / max(1, r.stats["played_contexts"])
+                 for r in rs]
+        stall = [r.stats["stalled_ms"]["p99"] or 0.0 for r in rs]
+        rt_streams = [r.level * (1 - u / 100.0) for r, u in zip(rs, under, strict=True)]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        a1.plot(lv, under, "o-", color="tab:red", label="contexts that underran (%)")
+        a1.set_xlabel("concurrent streams")
+        a1.set_ylabel("contexts that underran (%)")
+        a1b = a1.twinx()
+        a1b.plot(lv, stall, "s--", color="tab:gray", label="stall p99 (ms)")
+        a1b.set_ylabel("stalled ms per context, p99")
+        a1.set_title("underruns")
+        a1.grid(alpha=0.3)
+        a2.plot(lv, rt_streams, "o-", label="real-time streams")
+        a2.plot(lv, lv, ":", color="gray", label="ideal")
+        a2.set_xlabel("concurrent streams")
+        a2.set_ylabel("streams without an underrun")
+        a2.set_title("real-time streams")
+        a2.grid(alpha=0.3)
+        a2.legend(fontsize=8)
+        fig.suptitle(f"{system}, {run}, {load}")
+        fig.tight_layout()
+        path = out_dir / f"realtime_{_slug(system)}_{_slug(run)}_{_slug(load)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,1 @@
+"""Checkpoint writers in upstream layouts with random weights (tests, benchmarks)."""

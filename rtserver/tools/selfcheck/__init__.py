@@ -1,0 +1,1 @@
+"""Self-checks run by hand against a real checkpoint on a GPU."""

@@ -1,0 +1,165 @@
+"""ChatTTS's streaming vocoder: one per process, one ``ChatTTSStream`` per segment.
+
+    vocoder = ChatTTSVocoder.load(root, device="cuda")   # root holds asset/; or dummy=True
+    await vocoder.start()
+    stream = vocoder.open_stream()
+    for hidden in ...:                                 # float32 [T, 768] (route "decoder")
+        for chunk in await stream.push(hidden):        # PcmChunk, 24 kHz float32
+            ...
+    for chunk in await stream.finish():                # the tail
+        ...
+    await vocoder.close()
+
+Concatenated, a stream's chunks are ``steps * 512`` samples: the full decode of
+its steps, except near seams cut inside the decoder's reach (the first one;
+see ``config``). Decodes of all streams are batched (``batcher.DecodeBatcher``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.errors import EngineFailed
+from rtserver.vocoder.batcher import BatcherConfig, BatcherStats, DecodeBatcher
+from rtserver.vocoder.chunking import ChunkConfig
+from rtserver.vocoder.planned_stream import PlannedStream
+from rtserver.voices.chattts.decoder.checkpoint import Route, load_audio_models, random_audio_models
+from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+from rtserver.voices.chattts.decoder.dims import REAL_DIMS, STEP_SAMPLES
+from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder, StepWindow
+
+
+class ChatTTSVocoder:
+    """Owns the window decoder and the batcher; ``start`` before opening streams."""
+
+    def __init__(self, decoder: ChatTTSWindowDecoder, config: ChatTTSDecodeConfig | None = None
+                 ) -> None:
+        self.config = config or ChatTTSDecodeConfig(route=decoder.route)
+        if self.config.route != decoder.route:
+            raise ValueError(f"config route {self.config.route!r} != decoder route "
+                             f"{decoder.route!r}")
+        self.decoder = decoder
+        self.route: Route = decoder.route
+        self.sample_rate: int = decoder.sample_rate
+        self.samples_per_step: int = STEP_SAMPLES
+        self.width: int = decoder.width
+        self.codebook_size: int = decoder.dims.vq.codebook_size
+        self._chunking = self.config.chunk_config()
+        pad = self.config.max_pad_fraction
+        if pad < 0:
+            pad = 4.0 if decoder.device.type == "cuda" else 0.25
+        self._batcher: DecodeBatcher[StepWindow] = DecodeBatcher(decoder, BatcherConfig(
+            max_batch=self.config.max_batch, max_batch_frames=self.config.max_batch_frames,
+            max_pad_fraction=pad))
+
+    @classmethod
+    def load(cls, root: Path | None, *, route: str | None = None, dummy: bool = False,
+             device: str = "cpu", config: ChatTTSDecodeConfig | None = None) -> ChatTTSVocoder:
+        """From an upstream-layout folder (``root/asset/...``), or the real shapes
+        with random weights (``dummy=True``: the speed is real, the sound is noise)."""
+        config = config or ChatTTSDecodeConfig(route=route or "decoder")
+        if route is not None and route != config.route:
+            raise ValueError(f"route {route!r} != config route {config.route!r}")
+        r = cast(Route, config.route)
+        mel: Any
+        if dummy:
+            dec, dvae, vocos = random_audio_models(REAL_DIMS, seed=config.dummy_seed,
+                                                   layer_scale=config.dummy_layer_scale)
+            mel, dims = (dec if r == "decoder" else dvae), REAL_DIMS
+        elif root is None:
+            raise ValueError("a ChatTTS model folder is needed unless dummy=True")
+        else:
+            mel, vocos, dims = load_audio_models(Path(root), r)
+        decoder = ChatTTSWindowDecoder(
+            mel, vocos, dims, r, device=device, cuda_graphs=config.cuda_graphs, bf16=config.bf16,
+            graph_max_batch=config.max_batch, graph_frame_buckets=config.graph_frame_buckets,
+            graph_max_cells=config.graph_max_cells)
+        return cls(decoder, config)
+
+    @property
+    def chunking(self) -> ChunkConfig:
+        """The chunk plan (frame = one GPT step); ``chunking.stream_plan`` takes it."""
+        return self._chunking
+
+    @property
+    def stats(self) -> BatcherStats:
+        """Batching counters (calls, call sizes, decode seconds) for metrics."""
+        return self._batcher.stats.snapshot()
+
+    async def start(self, *, warm_up: bool = True) -> None:
+        """Start the decode thread; ``warm_up`` runs one decode (and on CUDA with
+        graphs captures them all, and the first lane's) on it before returning."""
+        await self._batcher.start()
+        if warm_up:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._batcher.executor, self.decoder.warm_up)
+            if self.config.first_lane:
+                lane = await loop.run_in_executor(
+                    self._batcher.executor, self.decoder.first_lane,
+                    self.config.first_lane_batch, self.config.first_lane_steps)
+                if lane is not None:
+                    self._batcher.enable_first_lane(lane)
+
+    async def close(self) -> None:
+        await self._batcher.close()
+
+    def open_stream(self) -> ChatTTSStream:
+        return ChatTTSStream(self, self._batcher)
+
+
+class ChatTTSStream(PlannedStream[StepWindow]):
+    """One segment's steps in, its PCM out: hidden states float [T, width] (route
+    "decoder") or codes int [T, 4] (route "dvae"), numpy or torch. Calls must not
+    overlap (one task)."""
+
+    __slots__ = ("_vocoder",)
+    _what = "ChatTTS vocoder stream"
+
+    def __init__(self, vocoder: ChatTTSVocoder, batcher: DecodeBatcher[StepWindow]) -> None:
+        dtype = np.float32 if vocoder.route == "decoder" else np.int64
+        super().__init__(batcher, vocoder.chunking, samples_per_frame=STEP_SAMPLES,
+                         sample_rate=vocoder.sample_rate, width=vocoder.width, dtype=dtype)
+        self._vocoder = vocoder
+
+    @property
+    def steps(self) -> int:
+        """Steps pushed so far."""
+        return self.frames
+
+    def _check(self, x: Any) -> npt.NDArray[Any]:
+        if hasattr(x, "detach"):  # a torch tensor, maybe on the GPU: one copy to host
+            import torch
+
+            x = x.detach().to("cpu", torch.float32 if self._vocoder.route == "decoder"
+                              else torch.int64).numpy()
+        arr = np.asarray(x)
+        v = self._vocoder
+        if arr.ndim != 2 or arr.shape[1] != v.width:
+            what = "hidden states" if v.route == "decoder" else "codes"
+            raise ValueError(f"{what} must have shape (steps, {v.width}), not {arr.shape}")
+        if v.route == "decoder":
+            if arr.size and not np.issubdtype(arr.dtype, np.floating):
+                raise ValueError(f"hidden states must be floats, not {arr.dtype}")
+            arr = arr.astype(np.float32, copy=False)
+            if not np.isfinite(arr).all():
+                raise ValueError("hidden states contain NaN or infinity")
+            return arr
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"codes must be integers, not {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= v.codebook_size):
+            raise ValueError(f"codes must be in [0, {v.codebook_size}) (EOS is never pushed)")
+        return arr.astype(np.int64, copy=False)
+
+    def _window(self, frames: npt.NDArray[Any], start_frame: int) -> StepWindow:
+        return StepWindow(frames, start_frame)
+
+    def _check_audio(self, audio: list[Any]) -> None:
+        for a in audio:
+            if not np.isfinite(a).all():
+                raise EngineFailed("the ChatTTS decoder produced NaN or infinite audio")
+

@@ -1,0 +1,209 @@
+"""The ChatTTS GPT forward over a static KV cache of slots (torch, no Hugging Face).
+
+A Llama body (RMSNorm, rotary positions, SiLU-gated MLP; transformers'
+``LlamaModel`` arithmetic: norms in float32, rotary tables in float32) with
+ChatTTS' embeddings around it: the prompt is text embeddings (a speaker
+vector in place of ``[spk_emb]``), each later input the sum of the four
+codebook embeddings of the step before; the output is the final-norm hidden
+state and four code heads (float32, as upstream runs its heads).
+
+The KV cache is one preallocated tensor per K and V, ``[layers, slots,
+kv_heads, max_len, head_dim]``: a request owns a slot from prefill to its end.
+Decode runs rows ``0..B-1`` = slots ``0..B-1`` (the scheduler hands out the
+lowest free slot, so live slots stay packed) and attends over the first ``L``
+positions (a length bucket), so a CUDA graph per ``(B, L)`` covers every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rtserver.voices.chattts.engine.shapes import EmbedWeights, GptConfig
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    qkv: torch.Tensor  # [q + k + v, hidden]
+    o: torch.Tensor
+    ln2: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+class ChatLM:
+    """Weights on one device/dtype, the slot KV cache, and the forward passes."""
+
+    def __init__(self, cfg: GptConfig, gpt: dict[str, torch.Tensor], embed: EmbedWeights, *,
+                 slots: int, max_len: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.cfg = cfg
+        self.slots = slots
+        self.max_len = max_len
+        self.device = torch.device(device)
+        self.dtype = dtype
+        dev = self.device
+
+        def w(name: str) -> torch.Tensor:
+            return gpt[name].to(dev, dtype)
+
+        self.layers: list[_Layer] = []
+        for n in range(cfg.num_hidden_layers):
+            p = f"layers.{n}."
+            self.layers.append(_Layer(
+                ln1=gpt[p + "input_layernorm.weight"].to(dev, dtype),
+                qkv=torch.cat([w(p + "self_attn.q_proj.weight"), w(p + "self_attn.k_proj.weight"),
+                               w(p + "self_attn.v_proj.weight")]).contiguous(),
+                o=w(p + "self_attn.o_proj.weight"),
+                ln2=gpt[p + "post_attention_layernorm.weight"].to(dev, dtype),
+                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"),
+                                   w(p + "mlp.up_proj.weight")]).contiguous(),
+                down=w(p + "mlp.down_proj.weight")))
+        self.norm = gpt["norm.weight"].to(dev, dtype)
+        self.emb_text = embed.emb_text.to(dev, dtype)
+        self.emb_code = embed.emb_code.to(dev, dtype)  # [vq, audio, hidden]
+        # heads in float32, as upstream (its Embed module stays float32)
+        self.head_code = embed.head_code.to(dev, torch.float32)  # [vq, audio, hidden]
+        self.head_text = embed.head_text.to(dev, torch.float32)
+        d = cfg.head_dim
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(dev)  # [max_len, head_dim], float32
+        self.sin = emb.sin().to(dev)
+        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, d)
+        self.k_cache = torch.zeros(shape, device=dev, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=dev, dtype=dtype)
+        self._q = cfg.num_attention_heads * d
+        self._kv = cfg.num_key_value_heads * d
+        self._vq_index = torch.arange(cfg.num_vq, device=dev)
+
+    # --- pieces -------------------------------------------------------------
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        return weight * h.to(x.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """transformers ``apply_rotary_pos_emb`` (rotate_half), float32 tables."""
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return (x * cos.to(x.dtype)) + (rot * sin.to(x.dtype))
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        gu = F.linear(x, layer.gate_up)
+        g, u = gu.chunk(2, dim=-1)
+        return F.linear(F.silu(g) * u, layer.down)
+
+    def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        return t if rep == 1 else t.repeat_interleave(rep, dim=1)
+
+    # --- embeddings and heads ---------------------------------------------------
+
+    def prompt_embeds(self, ids: torch.Tensor, inject_id: int | None = None,
+                      vector: torch.Tensor | None = None) -> torch.Tensor:
+        """``[T, hidden]`` text embeddings; ``vector`` where the prompt holds ``inject_id``."""
+        emb = self.emb_text[ids]
+        if inject_id is not None and vector is not None:
+            emb = torch.where((ids == inject_id)[:, None], vector.to(emb.dtype)[None, :], emb)
+        return emb
+
+    def code_embeds(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[B, vq]`` codes -> ``[B, hidden]``: the sum of the codebook embeddings."""
+        return self.emb_code[self._vq_index[None, :], codes].sum(dim=1)
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` float32 -> ``[N, vq, audio]`` float32."""
+        return torch.einsum("nh,qvh->nqv", hidden, self.head_code)
+
+    # --- forward passes -----------------------------------------------------------
+
+    def prefill(self, embeds: torch.Tensor, lengths: torch.Tensor,
+                slots: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """Run ``embeds`` ``[n, T, hidden]`` (right-padded; row i real for
+        ``lengths[i]`` positions) from position 0, writing slot ``slots[i]``'s KV
+        cache; returns each row's final-norm hidden state at its last real
+        position, float32 ``[n, hidden]``.
+
+        Padding sits after the real positions, so causal attention keeps it out
+        of every real position; what it writes to the cache lies past the
+        request's length, where decode masks it until overwriting it.
+        ``cache``: another (K, V) pair than the slots' (the refine-text lane).
+        """
+        kcache, vcache = cache if cache is not None else (self.k_cache, self.v_cache)
+        n, t, _ = embeds.shape
+        d = self.cfg.head_dim
+        cos, sin = self.cos[:t][None, None], self.sin[:t][None, None]
+        x = embeds.to(self.dtype)
+        for li, layer in enumerate(self.layers):
+            h = self._rms(x, layer.ln1)
+            qkv = F.linear(h, layer.qkv)
+            q = qkv[..., :self._q].view(n, t, -1, d).transpose(1, 2)
+            k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
+            v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            kcache[li, slots, :, :t] = k
+            vcache[li, slots, :, :t] = v
+            a = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v),
+                                               is_causal=True)
+            x = x + F.linear(a.transpose(1, 2).reshape(n, t, -1), layer.o)
+            x = x + self._mlp(layer, self._rms(x, layer.ln2))
+        last = x[torch.arange(n, device=x.device), lengths - 1]
+        return self._rms(last, self.norm).float()
+
+    def decode(self, codes: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
+        """One step for slots ``0..B-1``: ``codes`` ``[B, vq]`` at positions
+        ``pos`` ``[B]``; attention over the first ``length`` cache positions.
+        Returns the final-norm hidden state, float32 ``[B, hidden]``."""
+        return self.decode_embeds(self.code_embeds(codes), pos, length,
+                                  (self.k_cache, self.v_cache))
+
+    def decode_embeds(self, x0: torch.Tensor, pos: torch.Tensor, length: int,
+                      cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``decode`` from input embeddings ``[B, hidden]`` on the rows
+        ``0..B-1`` of ``cache`` (K, V)."""
+        b = x0.shape[0]
+        d = self.cfg.head_dim
+        kcache, vcache = cache
+        rows = torch.arange(b, device=x0.device)
+        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]
+        mask = (torch.arange(length, device=x0.device)[None, :] <= pos[:, None])
+        mask = mask[:, None, None, :]
+        x = x0.to(self.dtype)[:, None, :]  # [B, 1, hidden]
+        for li, layer in enumerate(self.layers):
+            h = self._rms(x, layer.ln1)
+            qkv = F.linear(h, layer.qkv)
+            q = qkv[..., :self._q].view(b, 1, -1, d).transpose(1, 2)
+            k = qkv[..., self._q:self._q + self._kv].view(b, 1, -1, d).transpose(1, 2)
+            v = qkv[..., self._q + self._kv:].view(b, 1, -1, d).transpose(1, 2)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            kc, vc = kcache[li], vcache[li]
+            kc[rows, :, pos] = k[:, :, 0]
+            vc[rows, :, pos] = v[:, :, 0]
+            a = F.scaled_dot_product_attention(
+                q, self._expand_kv(kc[:b, :, :length]), self._expand_kv(vc[:b, :, :length]),
+                attn_mask=mask)
+            x = x + F.linear(a.transpose(1, 2).reshape(b, 1, -1), layer.o)
+            x = x + self._mlp(layer, self._rms(x, layer.ln2))
+        return self._rms(x[:, 0], self.norm).float()
+
+    # --- the refine-text lane -------------------------------------------------------
+
+    def text_cache(self, slots: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A separate (K, V) pair for text generation (refine), ``max_len <= self.max_len``."""
+        c = self.cfg
+        shape = (c.num_hidden_layers, slots, c.num_key_value_heads, min(max_len, self.max_len),
+                 c.head_dim)
+        return (torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.zeros(shape, device=self.device, dtype=self.dtype))
+
+    def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` float32 -> ``[N, 1, text vocab]`` (upstream ``head_text``)."""
+        return (hidden @ self.head_text.T)[:, None, :]

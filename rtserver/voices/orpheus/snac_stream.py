@@ -1,0 +1,132 @@
+"""The streaming SNAC vocoder: one ``SnacVocoder`` per process, one stream per segment.
+
+    vocoder = SnacVocoder.load(snac_dir)            # or load(None, dummy=True)
+    await vocoder.start()
+    stream = vocoder.open_stream()
+    for frames in ...:                               # int (n, 7), neutral order
+        for chunk in await stream.push(frames):     # PcmChunk, 24 kHz float32
+            ...
+    for chunk in await stream.finish():             # the tail
+        ...
+    await vocoder.close()
+
+Concatenated, a stream's chunks are ``frames * 2048`` samples: the full decode
+of its codes, except near the first seam (see ``chunking.ChunkConfig``).
+Decodes of all streams are batched (``batcher.DecodeBatcher``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from rtserver.vocoder.batcher import BatcherStats, DecodeBatcher
+from rtserver.vocoder.chunking import (
+    ChunkConfig,
+)
+from rtserver.vocoder.config import VocoderConfig
+from rtserver.vocoder.planned_stream import PlannedStream
+from rtserver.voices.orpheus.snac_model import (
+    FRAME_CODES,
+    SNAC24_CONFIG,
+    CodeWindow,
+    NoiseMode,
+    SnacDecoder,
+    build_snac,
+    load_snac_dir,
+)
+
+
+class SnacVocoder:
+    """Owns the SNAC decoder and the batcher; ``start`` before opening streams."""
+
+    def __init__(self, decoder: SnacDecoder, config: VocoderConfig | None = None,
+                 device: str = "cpu") -> None:
+        self.config = config or VocoderConfig()
+        self.decoder = decoder
+        self.sample_rate: int = decoder.sample_rate
+        self.samples_per_frame: int = decoder.samples_per_frame
+        self.codebook_size: int = decoder.codebook_size
+        self._chunking = self.config.chunk_config(self.samples_per_frame)
+        self._batcher = DecodeBatcher(decoder, self.config.batcher_config(device))
+
+    @classmethod
+    def load(cls, snac_dir: Path | None, *, dummy: bool = False, device: str = "cpu",
+             config: VocoderConfig | None = None) -> SnacVocoder:
+        """From an upstream-layout folder, or the real 24 kHz shape with random
+        weights (``dummy=True``: speed is real, sound is noise)."""
+        config = config or VocoderConfig()
+        model: Any
+        if dummy:
+            model = build_snac(SNAC24_CONFIG, seed=config.dummy_seed)
+        elif snac_dir is None:
+            raise ValueError("a SNAC folder is needed unless dummy=True")
+        else:
+            model = load_snac_dir(snac_dir)
+        decoder = SnacDecoder(model, device=device, noise=cast(NoiseMode, config.noise),
+                              noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
+                              graph_max_batch=config.max_batch,
+                              graph_max_frames=config.graph_max_frames,
+                              graph_max_cells=config.graph_max_cells, dtype=config.dtype)
+        return cls(decoder, config, device)
+
+    @property
+    def chunking(self) -> ChunkConfig:
+        return self._chunking
+
+    @property
+    def stats(self) -> BatcherStats:
+        """Batching counters (calls, call sizes, decode seconds) for metrics."""
+        return self._batcher.stats.snapshot()
+
+    async def start(self, *, warm_up: bool = True) -> None:
+        """Start the decode thread; ``warm_up`` runs one decode (and, on CUDA with
+        graphs, captures them all and opens the first lane) before returning."""
+        await self._batcher.start()
+        if warm_up:
+            await asyncio.get_running_loop().run_in_executor(
+                self._batcher.executor, self._warm_up)
+            lane = self.decoder.first_lane()
+            if lane is not None:
+                self._batcher.enable_first_lane(lane)
+
+    def _warm_up(self) -> None:
+        self.decoder.decode([CodeWindow(np.zeros((1, FRAME_CODES), dtype=np.int64), 0)])
+        first = self.config.first_frames if self.config.first_lane else 0
+        self.decoder.warm_up(self.config.max_batch_frames, first_lane_frames=first)
+
+    async def close(self) -> None:
+        await self._batcher.close()
+
+    def open_stream(self) -> VocoderStream:
+        return VocoderStream(self, self._batcher)
+
+
+class VocoderStream(PlannedStream[CodeWindow]):
+    """One segment's SNAC frames (int, shape (n, 7), neutral order) in, its PCM
+    out. Calls must not overlap (one task)."""
+
+    __slots__ = ("_vocoder",)
+
+    def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher[CodeWindow]) -> None:
+        super().__init__(batcher, vocoder.chunking, samples_per_frame=vocoder.samples_per_frame,
+                         sample_rate=vocoder.sample_rate, width=FRAME_CODES, dtype=np.int64)
+        self._vocoder = vocoder
+
+    def _check(self, frames: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        arr = np.asarray(frames)
+        if arr.ndim != 2 or arr.shape[1] != FRAME_CODES:
+            raise ValueError(f"frames must have shape (n, {FRAME_CODES}), not {arr.shape}")
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"frames must be integers, not {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self._vocoder.codebook_size):
+            raise ValueError(f"codes must be in [0, {self._vocoder.codebook_size})")
+        return arr.astype(np.int64, copy=False)
+
+    def _window(self, frames: npt.NDArray[Any], start_frame: int) -> CodeWindow:
+        return CodeWindow(frames, start_frame)
+
