@@ -6,18 +6,18 @@
 machine disturb them less than wall time; one onnxruntime thread per call;
 the decoder as the server runs it (blocked layout where that applies).
 
-- ``rf``: the decoder's hop and receptive field (``piper_graph.measure_decoder``),
+- ``rf``: the decoder's hop and receptive field (``graph.measure_decoder``),
   plus how far a change reaches above -120/-80/-60/-40 dB re the RMS.
 - ``costs``: CPU seconds per second of audio of the front, the whole-sentence
   decoder, and the eager, near and bulk chunk plans, on four sentences.
 - ``plans``: decoder frames run per frame of audio (windows overlap by the
   receptive field) and decodes per sentence, by plan and sentence length.
 - ``blocked``: CPU time per second of audio of the plain decoder and of the
-  blocked one (``piper_blocked``), windows of 20-300 frames, runs interleaved.
+  blocked one (``blocked``), windows of 20-300 frames, runs interleaved.
 - ``batch``: one onnxruntime call on B equal-length windows vs B calls; a
   ratio under 1 means batching the streams' chunks pays.
 - ``bf16``: the decoder's CPU per audio s by plan, float32 (as above) vs bf16
-  (``piper_bf16``, in its shape buckets), and bf16's distance from float32
+  (``bf16``, in its shape buckets), and bf16's distance from float32
   per sentence: RMS error in dB and, with the ``pesq`` package, wide-band PESQ.
 """
 

@@ -38,7 +38,7 @@ class PiperSection:
     max_chunk_ms: float = _CHUNKING.max_chunk_ms
     eager_slack_ms: float = _CHUNKING.eager_slack_ms
     near_chunk_ms: float = _CHUNKING.near_chunk_ms
-    # "auto": bfloat16 (OpenVINO, ``piper_bf16``) where the CPU has native bf16
+    # "auto": bfloat16 (OpenVINO, ``bf16``) where the CPU has native bf16
     # and OpenVINO is installed, else float32 (onnxruntime).
     decoder_precision: str = "auto"
     # How much nicer than the server the threads run that make audio after a

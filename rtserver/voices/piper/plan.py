@@ -10,7 +10,7 @@ soon (every chunk boundary costs the decoder its context and lookahead
 again: on four sentences, eager decodes 1.25x the frames, bulk 1.10x;
 ``python -m rtserver.tools.measure.piper costs``); *near* chunks start at
 ``near_chunk_ms`` for a later sentence needed soon. Context and lookahead
-are the decoder's measured receptive field (``piper_graph.measure_decoder``:
+are the decoder's measured receptive field (``graph.measure_decoder``:
 2582 samples for ``en_US-joe-medium``), so every seam equals the
 whole-sentence decode up to float rounding; the crossfade (windows summing
 to one) hides that rounding.

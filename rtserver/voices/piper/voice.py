@@ -98,7 +98,7 @@ def _import_piper() -> tuple[Any, Any]:
     """piper-tts (GPL-3.0-or-later), imported only here, and the rest of the
     optional extra ``rtserver[piper]``."""
     try:
-        import onnx  # noqa: F401  (piper_graph splits the graph with it)
+        import onnx  # noqa: F401  (graph splits the graph with it)
         import onnxruntime  # noqa: F401
         from piper import PiperVoice as _Piper
         from piper import espeakbridge
@@ -106,7 +106,7 @@ def _import_piper() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ConfigError(f"the Piper voice family needs the optional extra: pip install "
                           f"'rtserver[piper]' ({exc})") from None
-    patch_espeakbridge(espeakbridge)  # its two leaks (piper_espeak)
+    patch_espeakbridge(espeakbridge)  # its two leaks (espeak)
     return _Piper, PiperConfig
 
 
@@ -181,8 +181,8 @@ class PiperVoice:
     the pool serves the chunks of all streams earliest-deadline-first, and a
     context's first chunk (phonemize + front + first decode, one job) ahead
     of everything. ``blocked``: the decoder runs in onnxruntime's blocked
-    channel layout (``piper_blocked``). ``decoder_precision`` ``"bfloat16"``:
-    the decoder runs in OpenVINO in bf16 (``piper_bf16``), unless its load
+    channel layout (``blocked``). ``decoder_precision`` ``"bfloat16"``:
+    the decoder runs in OpenVINO in bf16 (``bf16``), unless its load
     check finds the voice's audio off by more than ``MAX_ERROR_DB`` (then
     float32, with a warning); ``decoder_precision`` says which runs.
     """
