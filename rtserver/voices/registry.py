@@ -1,23 +1,22 @@
-"""Voice families register themselves; the server loads voices through them.
+"""Voice families, found through entry points; the server loads voices through them.
 
 A voice spec is ``<family>:<rest>`` (``piper:en_US-joe-medium``,
-``orpheus:tara``); a family may also claim specs without a prefix (Piper: a
-path to an ``.onnx`` voice). An unknown prefix is ``unknown_voice`` listing the
-families.
+``orpheus:tara``); a family may also claim specs without a prefix (a path to a
+voice file). An unknown prefix is ``unknown_voice`` listing the families.
 
-A family is a ``VoiceFamily``: its prefix, its config section (a frozen
-dataclass read from the ``[<prefix>]`` table, ``RTSERVER_<PREFIX>_<FIELD>`` and
-``--<prefix>.<field>`` flags; ``rtserver.config`` asks this registry for them)
-and a loader. The module that defines it calls ``register_family`` at import;
-built-in families are imported from ``BUILTIN_FAMILIES``, others from the
-``rtserver.voice_families`` entry point group. Nothing else changes when a
-family is added: no server code, no edit of ``Config``.
+A family is a ``VoiceFamily``: its name (the spec prefix), its config section
+(a frozen dataclass read from the ``[<name>]`` table, ``RTSERVER_<NAME>_<FIELD>``
+and ``--<name>.<field>`` flags; ``rtserver.config`` asks this registry for
+them) and a loader. Families are found the way pytest and vLLM find plug-ins:
+each distribution names its ``VoiceFamily`` objects in the entry point group
+``rtserver.voices`` (``name = "module:OBJECT"``; rtserver's own three are in
+its ``pyproject.toml``). Adding a family needs no edit of rtserver: no server
+code, no ``Config`` field. ``register_family`` adds one at run time (tests).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.metadata
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -29,13 +28,8 @@ from prometheus_client.registry import Collector
 from rtserver.errors import ConfigError, UnknownVoice
 from rtserver.voices.base import Voice
 
-# Modules that define the built-in families (imported on first use).
-BUILTIN_FAMILIES: tuple[str, ...] = (
-    "rtserver.voices.piper.family",
-    "rtserver.voices.orpheus.voice",
-    "rtserver.voices.chattts.family",
-)
-ENTRY_POINT_GROUP = "rtserver.voice_families"
+ENTRY_POINT_GROUP = "rtserver.voices"
+BUILTIN_DISTRIBUTION = "rtserver"  # its families are listed first
 _NAME = re.compile(r"[a-z][a-z0-9]*\Z")  # no "_": RTSERVER_<FAMILY>_<FIELD> must split
 
 
@@ -88,11 +82,12 @@ class VoiceFamily:
 
 
 _FAMILIES: dict[str, VoiceFamily] = {}
+_RANK: dict[str, int] = {}  # discovery order
 _discovered = False
 
 
 def register_family(family: VoiceFamily) -> VoiceFamily:
-    """Add a family (at import of the module that defines it)."""
+    """Add a family at run time (tests; plug-ins use the entry point group)."""
     if not _NAME.match(family.name):
         raise ValueError(f"voice family name {family.name!r}: lowercase letters and digits")
     old = _FAMILIES.get(family.name)
@@ -103,24 +98,33 @@ def register_family(family: VoiceFamily) -> VoiceFamily:
 
 
 def families() -> Mapping[str, VoiceFamily]:
-    """Every registered family, built-in ones first."""
+    """Every family: rtserver's own first (in its entry points' order), then
+    other distributions', then those registered at run time."""
     global _discovered
     if not _discovered:
-        _discovered = True  # before the imports: a family module may ask again
+        _discovered = True  # before loading: a family module may ask again
         try:
-            for module in BUILTIN_FAMILIES:
-                importlib.import_module(module)
-            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                ep.load()
+            _discover()
         except BaseException:
             _discovered = False  # a broken family fails every call, not just the first
             raise
-    def rank(family: VoiceFamily) -> int:  # built-ins in their order, then the rest
-        module = family.load.__module__
-        return BUILTIN_FAMILIES.index(module) if module in BUILTIN_FAMILIES \
-            else len(BUILTIN_FAMILIES)
+    return dict(sorted(_FAMILIES.items(), key=lambda item: _RANK.get(item[0], len(_RANK))))
 
-    return {f.name: f for f in sorted(_FAMILIES.values(), key=rank)}
+
+def _discover() -> None:
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    ordered = sorted(eps, key=lambda ep: (ep.dist is None
+                                          or ep.dist.name != BUILTIN_DISTRIBUTION))
+    for ep in ordered:
+        family = ep.load()
+        if not isinstance(family, VoiceFamily):
+            raise ConfigError(f"entry point {ep.name} = {ep.value} in {ENTRY_POINT_GROUP} "
+                              f"is not a VoiceFamily")
+        if family.name != ep.name:
+            raise ConfigError(f"entry point {ep.name} = {ep.value} names the family "
+                              f"{family.name!r}; the entry point's name must be the same")
+        register_family(family)
+        _RANK.setdefault(family.name, len(_RANK))
 
 
 def family_sections() -> dict[str, type]:

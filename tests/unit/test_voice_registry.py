@@ -120,7 +120,7 @@ async def test_voices_load_through_their_family_default_first(hum: VoiceFamily) 
 
 def test_an_unknown_prefix_is_unknown_voice_listing_the_families() -> None:
     with pytest.raises(UnknownVoice, match="no voice family 'nosuch'; the families are "
-                                           "piper, orpheus"):
+                                           "chattts, orpheus, piper"):
         family_of("nosuch:x")
     assert family_of("orpheus:tara").name == "orpheus"
     assert family_of("piper").name == "piper" and family_of("voices/x.onnx").name == "piper"

@@ -1,4 +1,4 @@
-"""The ``chattts`` voice family: registers itself with the voice registry.
+"""The ``chattts`` voice family: the registry's entry (``rtserver.voices`` entry point).
 
 Specs are ``chattts:<speaker>`` (``chattts:alice`` from the voices file,
 ``chattts:seed_7`` sampled from the model's speaker statistics) or plain
@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from rtserver.errors import ConfigError
 from rtserver.voices.chattts.config import ChatTTSConfig
-from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
+from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings
 
 NAME = "chattts"
 
@@ -48,7 +48,7 @@ async def _load_family(specs: Sequence[str], section: object, settings: VoiceSet
                         collectors=collectors)
 
 
-FAMILY_ENTRY = register_family(VoiceFamily(
+FAMILY = VoiceFamily(
     name=NAME, load=_load_family, section=ChatTTSConfig,
     description="ChatTTS (a 4-codebook GPT on rtserver's torch engine) with a streaming "
-                "Decoder/DVAE + Vocos"))
+                "Decoder/DVAE + Vocos")

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -50,7 +50,6 @@ from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.orpheus import codes as ot
-from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
 
 if TYPE_CHECKING:
@@ -414,36 +413,3 @@ async def load_orpheus_voice(cfg: OrpheusConfig, speaker: str | None = None) -> 
     """Load (or share) the runtime and return the speaker's voice."""
     runtime = await load_orpheus_runtime(cfg)
     return runtime.voice(speaker or cfg.speaker)
-
-
-async def _load_family(specs: Sequence[str], section: object, settings: VoiceSettings,
-                       progress: Callable[[str], None]) -> FamilyVoices:
-    """The registry's entry point: every spec is ``orpheus[:<speaker>]``; one
-    engine serves them all, and every speaker it has is a voice."""
-    assert isinstance(section, OrpheusConfig)
-    cfg = section
-    speakers: dict[str, str] = {}
-    for spec in specs:
-        _, _, speaker = spec.partition(":")
-        speaker = speaker or cfg.speaker
-        if speaker not in cfg.speakers:
-            raise UnknownVoice(f"voice {spec}: Orpheus speakers are {', '.join(cfg.speakers)}")
-        speakers[spec] = speaker
-    try:
-        from rtserver.engine.base import EngineCollector
-        from rtserver.engine.vllm_engine import VllmEngine  # noqa: F401 (vLLM is installed)
-    except ImportError as exc:  # vllm / torch / snac missing
-        raise ConfigError(f"voices {', '.join(specs)} need the vLLM extras: {exc}") from None
-    runtime = await load_orpheus_runtime(cfg)
-    voices = list(runtime.all_voices())
-    by_spec = {spec: runtime.voice(sp).info.name for spec, sp in speakers.items()}
-    return FamilyVoices(
-        voices={v.info.name: v for v in voices}, by_spec=by_spec,
-        warm_up_via=[runtime.voice(speakers[specs[0]])],
-        collectors=[EngineCollector(runtime.engine.stats, engine="vllm",
-                                    extra_counters=runtime.counters)])
-
-
-FAMILY_ENTRY = register_family(VoiceFamily(
-    name=FAMILY, load=_load_family, section=OrpheusConfig,
-    description="Orpheus (a codec-token Llama on vLLM) with a chunked SNAC vocoder"))

@@ -20,7 +20,7 @@ from pathlib import Path
 from rtserver.errors import ConfigError
 from rtserver.voices.piper.plan import PiperChunking
 from rtserver.voices.piper.voice import DECODER_PRECISIONS, EMBEDDED_NAME
-from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings, register_family
+from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings
 
 EMBEDDED_SPECS = ("piper", "default", f"piper:{EMBEDDED_NAME}", EMBEDDED_NAME)
 
@@ -114,6 +114,6 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
     return out
 
 
-FAMILY = register_family(VoiceFamily(
+FAMILY = VoiceFamily(
     name="piper", load=_load, claims=_claims, section=PiperSection,
-    description="Piper ONNX VITS voices on the CPU"))
+    description="Piper ONNX VITS voices on the CPU")
