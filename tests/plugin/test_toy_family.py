@@ -4,6 +4,7 @@ entry point group and served with no edit inside ``rtserver/``."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,8 +23,10 @@ TOY = Path(__file__).parent / "toy-voice"
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The toy distribution, installed by pip into a folder of its own."""
     target = tmp_path_factory.mktemp("toy-site")
+    source = tmp_path_factory.mktemp("toy-src") / "toy-voice"
+    shutil.copytree(TOY, source)  # pip builds in the source folder: not in the repository's
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(target), str(TOY)],
+                    "--no-build-isolation", "--no-index", "--target", str(target), str(source)],
                    check=True, timeout=300)
     assert (target / "rtserver_toy_voice.py").is_file()
     return target
