@@ -4,10 +4,11 @@ users for a few seconds, and writes its reports (well under 60 s)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from rtserver.tools.bench.store import read_results
 
 
 def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -> None:
@@ -20,7 +21,7 @@ def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[bench] rtserver stream/word sweep 2: start" in proc.stderr  # progress lines
 
-    results = json.loads((out / "results.json").read_text())
+    results = read_results(out)
     samples = results["samples"]
     streamed = [s for s in samples if s["load"] == "stream/word"]
     barged = [s for s in samples if s["kind"] == "bargein"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rtserver.tools.bench.store import read_results
+
 pytest.importorskip("torch")
 
 
@@ -36,11 +38,11 @@ def test_phases_on_cpu(tmp_path: Path) -> None:
     assert all(lv["steps_per_s_total"] > 0 for lv in levels)
     try:
         phase("start", *common, "--single-s", "3")
-        single = json.loads((out / "single" / "results.json").read_text())
+        single = read_results(out / "single")
         done = [s for s in single["samples"] if s["outcome"] == "done"]
         assert done and all(s["voice"] == "chattts:seed_1" for s in done if "voice" in s)
         phase("burst", *common, "--levels", "2", "--duration", "3")
-        burst = json.loads((out / "burst" / "results.json").read_text())
+        burst = read_results(out / "burst")
         assert not [s for s in burst["samples"] if s["outcome"] in ("error", "failed")]
         metrics = phase("metrics", *common)
         assert 'rtserver_engine_requests_total{engine="chattts"}' in metrics

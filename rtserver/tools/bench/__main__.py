@@ -1,5 +1,5 @@
 """``python -m rtserver.tools.bench`` / ``rtserver bench``: run load patterns against rtserver
-and write results.json (every sample), summary.md and PNG plots.
+and write results.json.gz (every sample, gzip), summary.md and PNG plots.
 
 Examples::
 
@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
-import json
 import os
 import shlex
 import sys
@@ -39,6 +38,7 @@ from rtserver.tools.bench.server_proc import (
     spawn,
 )
 from rtserver.tools.bench.stats import percentile
+from rtserver.tools.bench.store import RESULTS, write_results
 
 PROGRESS_EVERY_S = 2.0
 
@@ -339,8 +339,8 @@ def write_outputs(results: dict[str, Any], out_dir: Path, ttfa_p99_ms: float,
     results["summary"] = [{"system": r.system, "run": r.run, "load": r.load,
                            "level": r.level, **r.stats} for r in rows]
     results["capacity"] = [dataclasses.asdict(c) for c in caps]
-    paths = [out_dir / "results.json", out_dir / "summary.md"]
-    paths[0].write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+    paths = [out_dir / RESULTS, out_dir / "summary.md"]
+    write_results(paths[0], results)
     report.write_markdown(paths[1], report.markdown(results, rows, caps))
     if make_plots:
         paths += plots.plot_all(results["samples"], rows, out_dir)

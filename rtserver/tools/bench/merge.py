@@ -1,4 +1,4 @@
-"""Merge several runs' results.json into one report (``summary.md``, plots).
+"""Merge several runs' results (results.json.gz) into one report (``summary.md``, plots).
 
     python -m rtserver.tools.bench.merge --out bench/results/cpu-piper-DATE \\
         bench/results/cpu-piper-DATE/sweep bench/results/cpu-piper-DATE/bargein
@@ -10,12 +10,12 @@ config and date are listed in the summary.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from rtserver.tools.bench.__main__ import write_outputs
+from rtserver.tools.bench.store import read_results
 
 
 def merge(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop", action="append", default=[], metavar="RUN:SYSTEM",
                    help="leave out one system's samples of one run (e.g. a step that "
                    "other processes disturbed); said in the summary")
-    p.add_argument("runs", nargs="+", type=Path, help="folders holding results.json")
+    p.add_argument("runs", nargs="+", type=Path,
+                   help="folders holding results.json.gz (or an older results.json)")
     args = p.parse_args(argv)
-    runs = [json.loads((d / "results.json").read_text(encoding="utf-8")) for d in args.runs]
+    runs = [read_results(d) for d in args.runs]
     names = [d.name for d in args.runs]
     notes = list(args.note)
     for spec in args.drop:
