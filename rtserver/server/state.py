@@ -57,7 +57,7 @@ class AppState:
                                encode_pool=self.encode_pool)
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.core.load.active)
-        # short names: "en_US-joe-medium" for "piper:en_US-joe-medium", "default"
+        # short names: "<name>" for "<family>:<name>", and "default"
         self.voice_aliases.setdefault("default", self.default_voice)
         for name in self.voices:
             _, _, short = name.partition(":")

@@ -15,7 +15,7 @@ class VoiceInfo:
     """What ``ready.voices`` and ``GET /v1/voices`` say about a voice."""
 
     name: str
-    family: str  # "piper" | "orpheus" | "chattts"
+    family: str  # its family's registry name (the spec prefix)
     sample_rate: int  # native output rate in Hz
     language: str = "en"
     description: str = ""
