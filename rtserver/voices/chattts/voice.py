@@ -30,6 +30,7 @@ import numpy.typing as npt
 from rtserver.audio.pcm import PcmChunk
 from rtserver.engine.base import CodeDelta, PromptEmbedding, SamplingSettings, TokenRequest
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
+from rtserver.vocoder.base import Vocoder
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.chattts import text as ct
 from rtserver.voices.chattts.config import ChatTTSConfig
@@ -42,24 +43,6 @@ FAMILY = "chattts"
 SAMPLE_RATE = 24_000
 SAMPLES_PER_STEP = 512  # one GPT step = 2 mel frames of hop 256 (upstream Vocos config)
 STEPS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_STEP  # 46.875
-
-
-class DecodeStreamLike(Protocol):
-    """What a voice needs of one decoder stream (chattts-dec's ``ChatTTSStream``)."""
-
-    async def push(self, x: Any) -> list[PcmChunk]: ...
-
-    async def finish(self) -> list[PcmChunk]: ...
-
-    def close(self) -> None: ...
-
-
-class DecoderLike(Protocol):
-    """What the runtime needs of chattts-dec's ``ChatTTSVocoder``."""
-
-    def open_stream(self) -> DecodeStreamLike: ...
-
-    async def close(self) -> None: ...
 
 
 class CodeEngineLike(Protocol):
@@ -125,7 +108,7 @@ def step_budget(text: str, cfg: ChatTTSConfig) -> int:
 class ChatTTSRuntime:
     """The shared parts: engine, decoder, tokenizer, speakers."""
 
-    def __init__(self, cfg: ChatTTSConfig, engine: CodeEngineLike, decoder: DecoderLike,
+    def __init__(self, cfg: ChatTTSConfig, engine: CodeEngineLike, decoder: Vocoder[Any],
                  tokenizer: TokenizerLike, speakers: dict[str, Speaker], *,
                  eos_id: int, max_len: int, chunking: Any = None,
                  sample_stats: Callable[[int], npt.NDArray[np.float32]] | None = None,

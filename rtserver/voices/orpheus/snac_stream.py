@@ -102,11 +102,11 @@ class SnacVocoder:
     async def close(self) -> None:
         await self._batcher.close()
 
-    def open_stream(self) -> VocoderStream:
-        return VocoderStream(self, self._batcher)
+    def open_stream(self) -> SnacStream:
+        return SnacStream(self, self._batcher)
 
 
-class VocoderStream(PlannedStream[CodeWindow]):
+class SnacStream(PlannedStream[CodeWindow]):
     """One segment's SNAC frames (int, shape (n, 7), neutral order) in, its PCM
     out. Calls must not overlap (one task)."""
 

@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,7 @@ from rtserver.engine.quantization import (
     resolve_quantization,
 )
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
+from rtserver.vocoder.base import Vocoder, VocoderStream
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.orpheus import codes as ot
@@ -127,29 +128,14 @@ class OrpheusConfig:
             resolve_quantization(self.quantization, declared_quantization(self.model_dir))
 
 
-class VocoderStreamLike(Protocol):
-    """What ``synthesize`` needs of a vocoder stream (``rtserver.voices.orpheus.snac_stream``)."""
-
-    async def push(self, frames: npt.NDArray[np.int64]) -> list[PcmChunk]: ...
-
-    async def finish(self) -> list[PcmChunk]: ...
-
-    def close(self) -> None: ...
-
-
-class VocoderLike(Protocol):
-    """What the runtime needs of ``rtserver.voices.orpheus.snac_stream.SnacVocoder``."""
-
-    def open_stream(self) -> VocoderStreamLike: ...
-
-    async def close(self) -> None: ...
+SnacFrames = npt.NDArray[np.int64]  # (frames, 7) codes in SNAC order
 
 
 class OrpheusRuntime:
     """The shared parts: token engine, SNAC vocoder, tokenizer."""
 
-    def __init__(self, config: OrpheusConfig, engine: SingleCodebookEngine, vocoder: VocoderLike,
-                 tokenizer: Tokenizer, *, max_model_len: int,
+    def __init__(self, config: OrpheusConfig, engine: SingleCodebookEngine,
+                 vocoder: Vocoder[SnacFrames], tokenizer: Tokenizer, *, max_model_len: int,
                  temp_dir: str | None = None) -> None:
         self.config = config
         self.engine = engine
@@ -280,7 +266,7 @@ class OrpheusVoice:
         treq = self.token_request(request, max_tokens=max_tokens)
         frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS,
                                    reslot=self._rt.config.wrong_slot == "reslot")
-        stream: VocoderStreamLike = self._rt.vocoder.open_stream()
+        stream: VocoderStream[SnacFrames] = self._rt.vocoder.open_stream()
         try:
             tokens = self._rt.engine.generate(treq)
             async with contextlib.aclosing(tokens):
