@@ -21,8 +21,11 @@ injected), so receive times do not include how late a consumer reads its queue.
 Queues are unbounded: the client always reads the socket, so a slow consumer
 costs memory here instead of slowing the server (PROTOCOL.md, backpressure).
 
-The pure parts (``parse_server_message``, ``SeqTracker``, ``decode_frames``)
-do no I/O and are tested on their own.
+Messages are read and written by ``rtserver.protocol`` (``parse_server_message``,
+``encode_client_message``, ``decode_audio_message``): the same typed messages
+the server encodes. This module keeps the connection, the contexts and the
+helpers; its pure parts (``SeqTracker``, ``decode_frames``) do no I/O and are
+tested on their own.
 
 Helpers: ``send_tokens(ctx, tokens)`` pipes a token stream (sync or async)
 into a context and ends it; ``openai_text(stream)`` yields the text of an
@@ -45,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import time
 from collections import OrderedDict
 from collections.abc import (
@@ -66,16 +68,24 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
+from rtserver.errors import ProtocolViolation, RtClientError, UnknownMessageType
 from rtserver.protocol.messages import (
     BufferHint,
+    Cancel,
     Cancelled,
+    ClientMessage,
     Done,
+    End,
     ErrorMessage,
-    Limits,
+    Flush,
+    Played,
     Ready,
     SegmentStarted,
-    ServerMessage,
+    Start,
     Started,
+    Text,
+    encode_client_message,
+    parse_server_message,
 )
 from rtserver.protocol.wire import decode_audio_message
 
@@ -93,14 +103,6 @@ RECENT_CONTEXTS = 256  # finished contexts kept to route late `cancelled` replie
 
 
 # --- errors ---------------------------------------------------------------------
-
-class RtClientError(Exception):
-    """Base of the errors this client raises."""
-
-
-class ProtocolViolation(RtClientError):
-    """The server broke PROTOCOL.md (bad JSON, unknown stream, frame order)."""
-
 
 class SeqGapError(ProtocolViolation):
     """Frames of a context were not consecutive: audio was lost."""
@@ -161,107 +163,6 @@ class AudioFrames:
 
 
 Event = Started | SegmentStarted | BufferHint | AudioFrames | Done | Cancelled | ErrorMessage
-
-
-# --- parsing server messages (pure) -------------------------------------------------
-
-def _get(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], *,
-         default: Any = ..., kind_name: str = "") -> Any:
-    if name not in obj or obj[name] is None:
-        if default is ...:
-            raise ProtocolViolation(f"'{obj.get('type')}' message without field '{name}'")
-        return default
-    value = obj[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        raise ProtocolViolation(
-            f"'{obj.get('type')}' field '{name}' is not {kind_name or kinds[0].__name__}")
-    return value
-
-
-def _num(obj: dict[str, Any], name: str) -> float:
-    return float(_get(obj, name, (int, float), kind_name="a number"))
-
-
-def _opt_num(obj: dict[str, Any], name: str) -> float | None:
-    value = _get(obj, name, (int, float), default=None, kind_name="a number")
-    return None if value is None else float(value)
-
-
-def _voices(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, list):
-        raise ProtocolViolation("'ready' field 'voices' is not a list")
-    names: list[str] = []
-    for item in raw:  # names; objects with a "name" are accepted too
-        if isinstance(item, str):
-            names.append(item)
-        elif isinstance(item, dict) and isinstance(item.get("name"), str):
-            names.append(item["name"])
-        else:
-            raise ProtocolViolation("'ready' field 'voices' holds neither names nor voices")
-    return tuple(names)
-
-
-def parse_server_message(data: str) -> ServerMessage | None:
-    """One server text frame as a typed message; ``None`` for an unknown type.
-
-    Unknown fields and message types are ignored (PROTOCOL.md: both sides may
-    add them). A known type with a missing or mistyped field raises
-    ``ProtocolViolation``.
-    """
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolViolation(f"server sent a text frame that is not JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolViolation("server sent JSON that is not an object")
-    kind = obj.get("type")
-    if kind == "ready":
-        lim = _get(obj, "limits", dict, kind_name="an object")
-        return Ready(
-            server=_get(obj, "server", str, default=""),
-            voices=_voices(obj.get("voices", [])),
-            limits=Limits(max_message_bytes=_get(lim, "max_message_bytes", int),
-                          max_text_chars=_get(lim, "max_text_chars", int),
-                          max_contexts=_get(lim, "max_contexts", int)),
-            default_voice=_get(obj, "default_voice", str, default=""),
-            protocol=_get(obj, "protocol", int))
-    if kind == "started":
-        return Started(
-            context=_get(obj, "context", str), stream=_get(obj, "stream", int),
-            format=_get(obj, "format", str), sample_rate=_get(obj, "sample_rate", int),
-            frame_ms=_get(obj, "frame_ms", int), pre_skip=_get(obj, "pre_skip", int, default=0),
-            voice=_get(obj, "voice", str, default=""),
-            channels=_get(obj, "channels", int, default=1))
-    if kind == "segment":
-        source = _get(obj, "source", list, kind_name="a list")
-        if (len(source) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                        for v in source)):
-            raise ProtocolViolation("'segment' field 'source' is not [start, end]")
-        return SegmentStarted(
-            context=_get(obj, "context", str), index=_get(obj, "index", int),
-            text=_get(obj, "text", str), source=(source[0], source[1]),
-            seq=_get(obj, "seq", int))
-    if kind == "buffer":
-        return BufferHint(context=_get(obj, "context", str),
-                          prebuffer_ms=_num(obj, "prebuffer_ms"), rtf=_num(obj, "rtf"),
-                          ahead_ms=_num(obj, "ahead_ms"))
-    if kind == "done":
-        ttfa = _opt_num(obj, "ttfa_ms")
-        return Done(context=_get(obj, "context", str), frames=_get(obj, "frames", int),
-                    audio_ms=_num(obj, "audio_ms"), ttfa_ms=ttfa,
-                    spoken_text=_get(obj, "spoken_text", str, default=""))
-    if kind == "cancelled":
-        return Cancelled(context=_get(obj, "context", str), last_seq=_get(obj, "last_seq", int))
-    if kind == "error":
-        retry = _get(obj, "retry_after_ms", (int, float), default=None)
-        return ErrorMessage(code=_get(obj, "code", str), message=_get(obj, "message", str,
-                                                                       default=""),
-                            context=_get(obj, "context", str, default=None),
-                            retry_after_ms=None if retry is None else int(retry))
-    if isinstance(kind, str):
-        return None
-    raise ProtocolViolation("server message without a 'type'")
 
 
 # --- frame order (pure) ---------------------------------------------------------------
@@ -433,22 +334,21 @@ class ContextStream:
         start = self._chars
         self._chars += len(text)
         self.times.text_sent.append((self._client.clock(), start, self._chars))
-        await self._client._send({"type": "text", "context": self.context, "text": text})
+        await self._client._send(Text(context=self.context, text=text))
 
     async def flush(self) -> None:
         """Speak what is buffered now, without waiting for punctuation."""
         self.times.flush_sent_at.append((self._client.clock(), self._chars))
-        await self._client._send({"type": "flush", "context": self.context})
+        await self._client._send(Flush(context=self.context))
 
     async def end(self) -> None:
         """No more text: the server finishes speaking, then sends `done`."""
         self.times.end_sent_at = self._client.clock()
-        await self._client._send({"type": "end", "context": self.context})
+        await self._client._send(End(context=self.context))
 
     async def played(self, audio_ms: float) -> None:
         """Tell the server how much audio the listener has heard."""
-        await self._client._send({"type": "played", "context": self.context,
-                                  "audio_ms": float(audio_ms)})
+        await self._client._send(Played(context=self.context, audio_ms=float(audio_ms)))
 
     async def cancel(self, reply_timeout_s: float | None = 10.0) -> Cancelled:
         """Barge-in: stop now; returns the server's `cancelled` (its ``last_seq`` fence).
@@ -460,7 +360,7 @@ class ContextStream:
             return self.cancelled
         if self.times.cancel_sent_at is None:
             self.times.cancel_sent_at = self._client.clock()
-            await self._client._send({"type": "cancel", "context": self.context})
+            await self._client._send(Cancel(context=self.context))
         return await asyncio.wait_for(asyncio.shield(self._cancel_future), reply_timeout_s)
 
     # --- reading ---------------------------------------------------------------------
@@ -657,13 +557,11 @@ class RtClient:
         ctx = ContextStream(self, name)
         self._contexts[name] = ctx
         self._recent.pop(name, None)
-        body: dict[str, Any] = {"type": "start", "context": name, "format": format,
-                                "sample_rate": sample_rate, "frame_ms": frame_ms}
-        if voice is not None:
-            body["voice"] = voice
+        message = Start(context=name, voice=voice, format=format, sample_rate=sample_rate,
+                        frame_ms=frame_ms)
         ctx.times.start_sent_at = self.clock()
         try:
-            await self._send(body)
+            await self._send(message)
             await asyncio.wait_for(asyncio.shield(ctx._started_future), reply_timeout_s)
         except BaseException:
             if self._contexts.get(name) is ctx:
@@ -693,8 +591,8 @@ class RtClient:
 
     # --- internals ----------------------------------------------------------------------
 
-    async def _send(self, body: dict[str, Any]) -> None:
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    async def _send(self, message: ClientMessage) -> None:
+        data = encode_client_message(message)
         try:
             async with self._send_lock:
                 await self.ws.send(data)
@@ -741,7 +639,7 @@ class RtClient:
     def _on_binary(self, data: bytes, now: float) -> None:
         try:
             msg = decode_audio_message(data)
-        except Exception as exc:  # the codec's own error for a malformed frame
+        except ValueError as exc:  # the codec names what is wrong with the frame
             raise ProtocolViolation(f"bad binary frame: {exc}") from None
         ctx = self._streams.get(msg.stream)
         if ctx is None:
@@ -751,8 +649,11 @@ class RtClient:
                                   received_at=now))
 
     def _on_text(self, data: str, now: float) -> None:
-        message = parse_server_message(data)
-        if message is None or isinstance(message, Ready):
+        try:
+            message = parse_server_message(data)
+        except UnknownMessageType:
+            return  # PROTOCOL.md: the server may add message types
+        if isinstance(message, Ready):
             return
         name = message.context
         ctx = self._contexts.get(name) if name is not None else None
@@ -814,7 +715,10 @@ class _Connecting:
             first = await asyncio.wait_for(ws.recv(), open_timeout)
             if not isinstance(first, str):
                 raise ProtocolViolation("the first message is binary, not 'ready'")
-            ready = parse_server_message(first)
+            try:
+                ready = parse_server_message(first)
+            except UnknownMessageType:
+                ready = None
             if not isinstance(ready, Ready):
                 raise ProtocolViolation("the first message is not 'ready'")
         except ConnectionClosed as exc:
