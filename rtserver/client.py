@@ -24,8 +24,8 @@ costs memory here instead of slowing the server (PROTOCOL.md, backpressure).
 Messages are read and written by ``rtserver.protocol`` (``parse_server_message``,
 ``encode_client_message``, ``decode_audio_message``): the same typed messages
 the server encodes. This module keeps the connection, the contexts and the
-helpers; its pure parts (``SeqTracker``, ``decode_frames``) do no I/O and are
-tested on their own.
+helpers; ``SeqTracker`` (``rtserver.protocol.wire``) checks each context's
+frame order, and ``decode_frames`` (pure) turns frames into PCM.
 
 Helpers: ``send_tokens(ctx, tokens)`` pipes a token stream (sync or async)
 into a context and ends it; ``openai_text(stream)`` yields the text of an
@@ -68,7 +68,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
-from rtserver.errors import ProtocolViolation, RtClientError, UnknownMessageType
+from rtserver.errors import ProtocolViolation, RtClientError, SeqGapError, UnknownMessageType
 from rtserver.protocol.messages import (
     BufferHint,
     Cancel,
@@ -87,7 +87,7 @@ from rtserver.protocol.messages import (
     encode_client_message,
     parse_server_message,
 )
-from rtserver.protocol.wire import decode_audio_message
+from rtserver.protocol.wire import AudioMessage, SeqTracker, decode_audio_message
 
 Clock = Callable[[], float]
 FloatArray = npt.NDArray[np.float32]
@@ -103,19 +103,6 @@ RECENT_CONTEXTS = 256  # finished contexts kept to route late `cancelled` replie
 
 
 # --- errors ---------------------------------------------------------------------
-
-class SeqGapError(ProtocolViolation):
-    """Frames of a context were not consecutive: audio was lost."""
-
-    def __init__(self, context: str, expected: int, got: int) -> None:
-        super().__init__(f"context '{context}': expected frame seq {expected}, got {got} "
-                         f"({got - expected} frames missing)" if got > expected else
-                         f"context '{context}': expected frame seq {expected}, got {got} "
-                         "(repeated or out of order)")
-        self.context = context
-        self.expected = expected
-        self.got = got
-
 
 class ServerError(RtClientError):
     """The server answered a request with `error`."""
@@ -145,14 +132,12 @@ class HandshakeRejected(RtClientError):
 # --- events -----------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class AudioFrames:
-    """One binary message: ``frames`` (Opus packets or PCM s16le) from ``seq`` on."""
+class AudioFrames(AudioMessage):
+    """One binary message (``AudioMessage``: ``frames``, Opus packets or PCM
+    s16le, from ``seq`` on) with the context its stream belongs to and the
+    client's ``clock()`` when it arrived."""
 
     context: str
-    seq: int
-    frames: tuple[bytes, ...]
-    last: bool
-    segment_start: bool
     received_at: float
     type: str = field(default="audio", init=False)
 
@@ -163,27 +148,6 @@ class AudioFrames:
 
 
 Event = Started | SegmentStarted | BufferHint | AudioFrames | Done | Cancelled | ErrorMessage
-
-
-# --- frame order (pure) ---------------------------------------------------------------
-
-class SeqTracker:
-    """Checks one context's frames: consecutive seqs from 0, nothing after `last`."""
-
-    def __init__(self, context: str) -> None:
-        self.context = context
-        self.next_seq = 0
-        self.ended = False  # a frame flagged `last` was seen
-
-    def accept(self, seq: int, count: int, last: bool) -> None:
-        """Take a message of ``count`` frames from ``seq``; raise on a gap."""
-        if self.ended:
-            raise ProtocolViolation(
-                f"context '{self.context}': frame seq {seq} after the last frame")
-        if seq != self.next_seq:
-            raise SeqGapError(self.context, self.next_seq, seq)
-        self.next_seq = seq + count
-        self.ended = last
 
 
 # --- decoding (pure) ----------------------------------------------------------------
@@ -644,9 +608,9 @@ class RtClient:
         ctx = self._streams.get(msg.stream)
         if ctx is None:
             raise ProtocolViolation(f"binary frame for stream {msg.stream}, which is not open")
-        ctx._on_audio(AudioFrames(context=ctx.context, seq=msg.seq, frames=tuple(msg.frames),
+        ctx._on_audio(AudioFrames(stream=msg.stream, seq=msg.seq, frames=msg.frames,
                                   last=msg.last, segment_start=msg.segment_start,
-                                  received_at=now))
+                                  context=ctx.context, received_at=now))
 
     def _on_text(self, data: str, now: float) -> None:
         try:

@@ -145,6 +145,19 @@ class ProtocolViolation(RtClientError):
     unknown stream, frames out of order."""
 
 
+class SeqGapError(ProtocolViolation):
+    """Frames of a context were not consecutive: audio was lost."""
+
+    def __init__(self, context: str, expected: int, got: int) -> None:
+        super().__init__(f"context '{context}': expected frame seq {expected}, got {got} "
+                         f"({got - expected} frames missing)" if got > expected else
+                         f"context '{context}': expected frame seq {expected}, got {got} "
+                         "(repeated or out of order)")
+        self.context = context
+        self.expected = expected
+        self.got = got
+
+
 class UnknownMessageType(ProtocolViolation):
     """A server message of a type this version does not know. PROTOCOL.md lets
     the server add types, so the client skips it; a strict reader may not."""
