@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rtserver.errors import ProtocolViolation, UnknownMessageType
 from rtserver.protocol.messages import (
@@ -79,6 +81,32 @@ def test_every_client_message_round_trips_to_the_servers_parser(
         message: ClientMessage) -> None:
     """The server parses what the client encodes into the very same message."""
     assert parse_client_message(encode_client_message(message)) == message
+
+
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)  # no lone surrogate
+INT = st.integers(-(2**31), 2**32)
+MS = st.floats(allow_nan=False, allow_infinity=False)
+ANY_SERVER_MESSAGE = st.one_of(
+    st.builds(Ready, server=TEXT, voices=st.lists(TEXT, max_size=4).map(tuple),
+              limits=st.builds(Limits, max_message_bytes=INT, max_text_chars=INT,
+                               max_contexts=INT), default_voice=TEXT, protocol=INT),
+    st.builds(Started, context=TEXT, stream=INT, format=TEXT, sample_rate=INT,
+              frame_ms=INT, pre_skip=INT, voice=TEXT, channels=INT),
+    st.builds(SegmentStarted, context=TEXT, index=INT, text=TEXT,
+              source=st.tuples(INT, INT), seq=INT),
+    st.builds(BufferHint, context=TEXT, prebuffer_ms=MS, rtf=MS, ahead_ms=MS),
+    st.builds(Done, context=TEXT, frames=INT, audio_ms=MS, ttfa_ms=st.none() | MS,
+              spoken_text=TEXT),
+    st.builds(Cancelled, context=TEXT, last_seq=INT),
+    st.builds(ErrorMessage, code=TEXT, message=TEXT, context=st.none() | TEXT,
+              retry_after_ms=st.none() | INT),
+)
+
+
+@given(ANY_SERVER_MESSAGE)
+def test_any_server_message_with_finite_numbers_round_trips(message: ServerMessage) -> None:
+    """Whatever the field values, the client reads back what the server wrote."""
+    assert parse_server_message(encode_server_message(message)) == message
 
 
 def test_a_start_without_a_voice_leaves_the_field_out() -> None:
