@@ -131,3 +131,37 @@ class InternalError(RtError):
 
 class ConfigError(Exception):
     """Invalid configuration at start-up (never sent to a client)."""
+
+
+# --- what a client finds wrong with the server (never sent on the wire) ---------
+
+class RtClientError(Exception):
+    """Base of the errors rtserver's client raises (``rtserver.client`` re-exports it)."""
+
+
+class ProtocolViolation(RtClientError):
+    """The server broke PROTOCOL.md: a text frame that is not a JSON object, a
+    known message with a missing or mistyped field, a bad binary frame, an
+    unknown stream, frames out of order."""
+
+
+class SeqGapError(ProtocolViolation):
+    """Frames of a context were not consecutive: audio was lost."""
+
+    def __init__(self, context: str, expected: int, got: int) -> None:
+        super().__init__(f"context '{context}': expected frame seq {expected}, got {got} "
+                         f"({got - expected} frames missing)" if got > expected else
+                         f"context '{context}': expected frame seq {expected}, got {got} "
+                         "(repeated or out of order)")
+        self.context = context
+        self.expected = expected
+        self.got = got
+
+
+class UnknownMessageType(ProtocolViolation):
+    """A server message of a type this version does not know. PROTOCOL.md lets
+    the server add types, so the client skips it; a strict reader may not."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"unknown server message type {kind[:40]!a}")
+        self.kind = kind

@@ -1,12 +1,18 @@
-"""Typed, frozen messages of protocol version 1 (PROTOCOL.md, Messages).
+"""Typed, frozen messages of protocol version 1, both directions (PROTOCOL.md, Messages).
 
-``parse_client_message`` turns one JSON text frame into a client message or
-raises ``BadMessage`` (for every input: numbers Python will not convert,
-nesting deeper than the parser's recursion limit, escaped lone surrogates,
-``NaN``); ``encode_server_message`` turns a server message into the JSON text
-frame, always valid UTF-8 JSON. Field limits that depend on configuration
-(text length, context count) are checked by the session, not here. Client
-strings quoted in error messages go through ``echo`` (short, escaped).
+Server side: ``parse_client_message`` turns one JSON text frame into a client
+message or raises ``BadMessage`` (for every input: numbers Python will not
+convert, nesting deeper than the parser's recursion limit, escaped lone
+surrogates, ``NaN``); ``encode_server_message`` turns a server message into
+the JSON text frame, always valid UTF-8 JSON. Field limits that depend on
+configuration (text length, context count) are checked by the session, not
+here. Client strings quoted in error messages go through ``echo`` (short,
+escaped).
+
+Client side: ``encode_client_message`` writes a client message;
+``parse_server_message`` reads a server text frame into the same types the
+server encoded, or raises ``ProtocolViolation`` (``UnknownMessageType`` for a
+type this version does not know).
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Literal
 
-from rtserver.errors import BadMessage
+import msgspec
+
+from rtserver.errors import BadMessage, ProtocolViolation, UnknownMessageType
 
 PROTOCOL_VERSION = 1
 AudioFormat = Literal["opus", "pcm_s16le"]
@@ -66,86 +74,96 @@ class Played:
 
 
 ClientMessage = Start | Text | Flush | End | Cancel | Played
+_CLIENT_TYPES: dict[type[ClientMessage], str] = {
+    Start: "start", Text: "text", Flush: "flush", End: "end", Cancel: "cancel", Played: "played",
+}
 
 
 # --- server -> client -------------------------------------------------------
+# msgspec Structs tagged by "type": one definition serves the server's encoder
+# and the client's parser (``parse_server_message``), which msgspec validates
+# field by field (bool is not an int, [start, end) has two ints) instead of a
+# hand-written check per field. Defaults are what a reader assumes for a field
+# left out; ``None`` optional fields are left out when encoding.
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class _ServerMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of the server's messages; ``type`` is each one's tag on the wire."""
+
+    type: ClassVar[str]
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_message_bytes: int
     max_text_chars: int
     max_contexts: int
 
 
-@dataclass(frozen=True, slots=True)
-class Ready:
-    server: str
+class Ready(_ServerMessage, frozen=True, kw_only=True, tag="ready"):
+    type: ClassVar[str] = "ready"
+    server: str = ""
     voices: tuple[str, ...]
     limits: Limits
     default_voice: str = ""
     protocol: int = PROTOCOL_VERSION
-    type: str = field(default="ready", init=False)
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
+class Started(_ServerMessage, frozen=True, kw_only=True, tag="started"):
+    type: ClassVar[str] = "started"
     context: str
     stream: int
     format: str
     sample_rate: int
     frame_ms: int
-    pre_skip: int
+    pre_skip: int = 0
     voice: str = ""
     channels: int = 1
-    type: str = field(default="started", init=False)
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentStarted:
+class SegmentStarted(_ServerMessage, frozen=True, kw_only=True, tag="segment"):
+    type: ClassVar[str] = "segment"
     context: str
     index: int
     text: str
     source: tuple[int, int]
     seq: int
-    type: str = field(default="segment", init=False)
 
 
-@dataclass(frozen=True, slots=True)
-class BufferHint:
+class BufferHint(_ServerMessage, frozen=True, kw_only=True, tag="buffer"):
+    type: ClassVar[str] = "buffer"
     context: str
     prebuffer_ms: float
     rtf: float
     ahead_ms: float
-    type: str = field(default="buffer", init=False)
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
+class Done(_ServerMessage, frozen=True, kw_only=True, tag="done"):
+    type: ClassVar[str] = "done"
     context: str
     frames: int
     audio_ms: float
-    ttfa_ms: float | None
+    ttfa_ms: float | None = None
     spoken_text: str = ""
-    type: str = field(default="done", init=False)
 
 
-@dataclass(frozen=True, slots=True)
-class Cancelled:
+class Cancelled(_ServerMessage, frozen=True, kw_only=True, tag="cancelled"):
+    type: ClassVar[str] = "cancelled"
     context: str
     last_seq: int  # -1 when no frame was ever sent
-    type: str = field(default="cancelled", init=False)
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorMessage:
+class ErrorMessage(_ServerMessage, frozen=True, kw_only=True, tag="error"):
+    type: ClassVar[str] = "error"
     code: str
-    message: str
+    message: str = ""
     context: str | None = None
     retry_after_ms: int | None = None
-    type: str = field(default="error", init=False)
 
 
 ServerMessage = Ready | Started | SegmentStarted | BufferHint | Done | Cancelled | ErrorMessage
+SERVER_MESSAGE_TYPES: dict[str, type[ServerMessage]] = {
+    cls.type: cls
+    for cls in (Ready, Started, SegmentStarted, BufferHint, Done, Cancelled, ErrorMessage)
+}
 
 
 # A code point UTF-8 cannot encode: a surrogate not paired by the JSON decoder.
@@ -182,9 +200,16 @@ def encode_server_message(message: ServerMessage) -> str:
     """JSON text frame for ``message``; ``None`` optional fields are left out.
     Never raises for a well-typed message and always returns text that encodes
     as UTF-8: a non-finite float is left out, a lone surrogate becomes U+FFFD."""
-    body = _clean(asdict(message))
-    if isinstance(message, SegmentStarted):
-        body["source"] = list(message.source)
+    return _dump(_clean(msgspec.to_builtins(message)))
+
+
+def encode_client_message(message: ClientMessage) -> str:
+    """JSON text frame for a client message (what ``rtserver.client`` sends);
+    ``None`` optional fields are left out."""
+    return _dump({"type": _CLIENT_TYPES[type(message)], **_clean(asdict(message))})
+
+
+def _dump(body: dict[str, Any]) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -289,3 +314,76 @@ def parse_client_message(data: str) -> ClientMessage:
                              context=_context_of(obj))
         return Played(context=_context(obj), audio_ms=audio_ms)
     raise BadMessage(f"unknown message type {echo(kind)}", context=_context_of(obj))
+
+
+def parse_server_message(data: str | bytes) -> ServerMessage:
+    """One server text frame as a typed message (the client's side of PROTOCOL.md).
+
+    Unknown fields are ignored and ``null`` reads as a field left out
+    (PROTOCOL.md: either side may add fields). A type this version does not
+    know raises ``UnknownMessageType`` (a client skips it: the server may add
+    types); anything else wrong (not a JSON object, a known type with a
+    missing or mistyped field) raises ``ProtocolViolation`` naming it.
+    """
+    try:
+        obj = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ProtocolViolation(f"server sent a text frame that is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolViolation("server sent JSON that is not an object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolViolation("server message without a 'type'")
+    cls = SERVER_MESSAGE_TYPES.get(kind)
+    if cls is None:
+        raise UnknownMessageType(kind)
+    fields = {name: value for name, value in obj.items() if value is not None}
+    if cls is Ready:
+        fields["voices"] = _voice_names(fields.get("voices", []))
+    elif cls is ErrorMessage and isinstance(retry := fields.get("retry_after_ms"), float):
+        fields["retry_after_ms"] = int(retry)  # PROTOCOL.md gives no type: read 500.0 as 500
+    try:
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as exc:
+        raise ProtocolViolation(f"'{kind}' message: {exc}") from None
+
+
+def _voice_names(raw: Any) -> list[Any]:
+    """``ready.voices`` as names: PROTOCOL.md keeps it a list of names; voice
+    objects with a ``name`` are read as their name too."""
+    if not isinstance(raw, list):
+        raise ProtocolViolation("'ready' field 'voices' is not a list")
+    return [item["name"] if isinstance(item, dict) and isinstance(item.get("name"), str)
+            else item for item in raw]
+
+
+__all__ = [
+    "AUDIO_FORMATS",
+    "FRAME_MS",
+    "MAX_CONTEXT_ID_CHARS",
+    "PROTOCOL_VERSION",
+    "SAMPLE_RATES",
+    "SERVER_MESSAGE_TYPES",
+    "AudioFormat",
+    "BufferHint",
+    "Cancel",
+    "Cancelled",
+    "ClientMessage",
+    "Done",
+    "End",
+    "ErrorMessage",
+    "Flush",
+    "Limits",
+    "Played",
+    "Ready",
+    "SegmentStarted",
+    "ServerMessage",
+    "Start",
+    "Started",
+    "Text",
+    "echo",
+    "encode_client_message",
+    "encode_server_message",
+    "parse_client_message",
+    "parse_server_message",
+]

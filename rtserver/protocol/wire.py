@@ -13,6 +13,10 @@ Little-endian::
 
 Flag bits other than bit0 and bit1 are reserved: written as 0 and ignored
 when read (PROTOCOL.md lets either side add meaning later).
+
+The server writes messages with ``encode_audio_message``; a client reads
+them with ``decode_audio_message`` and checks each context's order with a
+``SeqTracker``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from rtserver.errors import ProtocolViolation, SeqGapError
 
 MAGIC = b"RT"
 VERSION = 1
@@ -101,6 +107,26 @@ def decode_audio_message(data: bytes | bytearray | memoryview) -> AudioMessage:
                         segment_start=bool(flags & FLAG_SEGMENT_START))
 
 
+class SeqTracker:
+    """The client's check of one context's frames (PROTOCOL.md, Order and
+    guarantees): consecutive seqs from 0, nothing after the frame flagged last."""
+
+    def __init__(self, context: str) -> None:
+        self.context = context
+        self.next_seq = 0
+        self.ended = False  # a frame flagged `last` was seen
+
+    def accept(self, seq: int, count: int, last: bool) -> None:
+        """Take a message of ``count`` frames from ``seq``; raise on a gap."""
+        if self.ended:
+            raise ProtocolViolation(
+                f"context '{self.context}': frame seq {seq} after the last frame")
+        if seq != self.next_seq:
+            raise SeqGapError(self.context, self.next_seq, seq)
+        self.next_seq = seq + count
+        self.ended = last
+
+
 __all__ = [
     "FLAG_LAST",
     "FLAG_SEGMENT_START",
@@ -111,6 +137,7 @@ __all__ = [
     "MAX_SEQ",
     "VERSION",
     "AudioMessage",
+    "SeqTracker",
     "decode_audio_message",
     "encode_audio_message",
 ]

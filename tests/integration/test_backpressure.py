@@ -10,6 +10,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.client import RtClient
+from rtserver.protocol.messages import Done, ErrorMessage, parse_server_message
 from rtserver.testing.server_thread import ServerThread
 
 LONG = " ".join(["A stalled listener must not slow anyone else down at all."] * 20)
@@ -41,10 +42,10 @@ async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> Non
                 while True:
                     msg = await asyncio.wait_for(stalled.recv(), 10)
                     if isinstance(msg, str):
-                        body = json.loads(msg)
-                        if body["type"] == "error":
-                            codes.append(body["code"])
-                        assert body["type"] != "done"
+                        message = parse_server_message(msg)
+                        if isinstance(message, ErrorMessage):
+                            codes.append(message.code)
+                        assert not isinstance(message, Done)
             except ConnectionClosed:
                 pass
             assert "overloaded" in codes

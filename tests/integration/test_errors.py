@@ -5,26 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from rtserver.protocol.messages import Done, ErrorMessage, Ready, Started, parse_server_message
 from rtserver.testing.server_thread import ServerThread
 
-
-async def recv_json(ws) -> dict:  # type: ignore[no-untyped-def]
-    while True:
-        msg = await ws.recv()
-        if isinstance(msg, str):
-            return json.loads(msg)
+from .util import recv_message, until
 
 
-async def expect_error(ws, code: str) -> dict:  # type: ignore[no-untyped-def]
-    while True:
-        msg = await recv_json(ws)
-        if msg["type"] == "error":
-            assert msg["code"] == code, msg
-            assert msg["message"]
-            return msg
+async def expect_error(ws: ClientConnection, code: str) -> ErrorMessage:
+    err = await until(ws, ErrorMessage)
+    assert err.code == code, err
+    assert err.message
+    return err
 
 
 BAD = [
@@ -43,10 +37,10 @@ BAD = [
 async def test_every_bad_input_gets_its_code_and_the_connection_lives(
         server: ServerThread) -> None:
     async with connect(server.url, compression=None) as ws:
-        ready = await recv_json(ws)
-        assert ready["type"] == "ready"
+        ready = await recv_message(ws)
+        assert isinstance(ready, Ready)
         await ws.send(json.dumps({"type": "start", "context": "good"}))
-        assert (await recv_json(ws))["type"] == "started"
+        assert isinstance(await recv_message(ws), Started)
         for raw, code in BAD:
             await ws.send(raw)
             await expect_error(ws, code)
@@ -54,7 +48,7 @@ async def test_every_bad_input_gets_its_code_and_the_connection_lives(
         await expect_error(ws, "bad_message")
         await ws.send(json.dumps({"type": "start", "context": "good"}))
         await expect_error(ws, "duplicate_context")
-        limit = ready["limits"]["max_contexts"]
+        limit = ready.limits.max_contexts
         for i in range(limit - 1):
             await ws.send(json.dumps({"type": "start", "context": f"extra{i}"}))
         await ws.send(json.dumps({"type": "start", "context": "one-too-many"}))
@@ -64,12 +58,12 @@ async def test_every_bad_input_gets_its_code_and_the_connection_lives(
         await ws.send(json.dumps({"type": "end", "context": "good"}))
         frames = 0
         while True:
-            msg = await ws.recv()
-            if isinstance(msg, bytes):
+            data = await ws.recv()
+            if isinstance(data, bytes):
                 frames += 1
                 continue
-            body = json.loads(msg)
-            if body["type"] == "done" and body["context"] == "good":
+            msg = parse_server_message(data)
+            if isinstance(msg, Done) and msg.context == "good":
                 break
         assert frames > 0
 
@@ -78,20 +72,20 @@ async def test_text_over_the_limit() -> None:
     srv = ServerThread.with_settings(server={"max_text_chars": 20}).start()
     try:
         async with connect(srv.url, compression=None) as ws:
-            await recv_json(ws)
+            await recv_message(ws)
             await ws.send(json.dumps({"type": "start", "context": "c"}))
-            await recv_json(ws)
+            await until(ws, Started)
             await ws.send(json.dumps({"type": "text", "context": "c", "text": "x" * 21}))
             err = await expect_error(ws, "text_too_long")
-            assert err["context"] == "c"
+            assert err.context == "c"
     finally:
         srv.stop()
 
 
 async def test_message_over_max_bytes_closes_1009(server: ServerThread) -> None:
     async with connect(server.url, compression=None, max_size=None) as ws:
-        ready = await recv_json(ws)
-        big = "x" * (ready["limits"]["max_message_bytes"] + 1)
+        ready = await until(ws, Ready)
+        big = "x" * (ready.limits.max_message_bytes + 1)
         await ws.send(json.dumps({"type": "text", "context": "c", "text": big}))
         with pytest.raises(ConnectionClosed):
             while True:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
@@ -15,28 +14,13 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rtserver.client import HandshakeRejected, RtClient
+from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, Started
 from rtserver.testing.server_thread import ServerThread
 
 from .fault_voice import LEDGER
-from .util import http, metric
+from .util import http, metric, recv_message, until
 
 FAULTY = "faulty:ok,faulty:die,faulty:dead,faulty:hang"
-
-
-async def recv_json(ws: ClientConnection, limit_s: float = 20.0) -> dict[str, Any]:
-    while True:
-        msg = await asyncio.wait_for(ws.recv(), limit_s)
-        if isinstance(msg, str):
-            body: dict[str, Any] = json.loads(msg)
-            return body
-
-
-async def until(ws: ClientConnection, pred: Any, limit_s: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + limit_s
-    while True:
-        body = await recv_json(ws, max(0.1, deadline - time.monotonic()))
-        if pred(body):
-            return body
 
 
 async def send(ws: ClientConnection, **body: Any) -> None:
@@ -64,22 +48,21 @@ async def test_contexts_and_characters_are_rate_limited_with_retry_after() -> No
                    "first_heard_target_ms": 0}).start()
     try:
         async with connect(srv.url, compression=None) as ws:
-            await recv_json(ws)
+            await recv_message(ws)
             for name in ("a", "b", "c"):
                 await send(ws, type="start", context=name, voice="faulty:ok")
-                assert (await until(ws, lambda b: b["type"] in ("started", "error")))["type"] \
-                    == "started"
+                assert isinstance(await until(ws, (Started, ErrorMessage)), Started)
             await send(ws, type="start", context="d", voice="faulty:ok")
-            err = await until(ws, lambda b: b["type"] == "error")
-            assert err["code"] == "rate_limited" and err["context"] == "d"
-            assert 0 < err["retry_after_ms"] <= 20_000  # a context every 20 s
+            err = await until(ws, ErrorMessage)
+            assert err.code == "rate_limited" and err.context == "d"
+            assert 0 < err.retry_after_ms <= 20_000  # a context every 20 s
             await send(ws, type="text", context="a", text="x" * 80)
             await send(ws, type="text", context="a", text="y" * 50)
-            err = await until(ws, lambda b: b["type"] == "error")
-            assert err["code"] == "rate_limited" and err["context"] == "a"
-            assert 0 < err["retry_after_ms"] <= 30_000  # 30 short at 100 a minute
+            err = await until(ws, ErrorMessage)
+            assert err.code == "rate_limited" and err.context == "a"
+            assert 0 < err.retry_after_ms <= 30_000  # 30 short at 100 a minute
             await send(ws, type="cancel", context="a")  # the context goes on
-            assert (await until(ws, lambda b: b["type"] == "cancelled"))["context"] == "a"
+            assert (await until(ws, Cancelled)).context == "a"
         assert metric(srv, "rtserver_rejected_total", reason="rate_limited") >= 2
     finally:
         srv.stop()
@@ -89,20 +72,19 @@ async def test_admission_refuses_when_first_heard_audio_would_miss_the_target() 
     srv = ServerThread.with_settings(admission={"first_heard_target_ms": 1.0}).start()
     try:
         async with connect(srv.url, compression=None) as ws:
-            await recv_json(ws)
+            await recv_message(ws)
             # nothing measured yet: admitted (no ground to refuse on)
             await send(ws, type="start", context="first")
             await send(ws, type="text", context="first", text="Measure me first.")
             await send(ws, type="end", context="first")
-            assert (await until(ws, lambda b: b["type"] in ("done", "error")))["type"] == "done"
+            assert isinstance(await until(ws, (Done, ErrorMessage)), Done)
             # measured now: no context can be heard within 1 ms
             await send(ws, type="start", context="a")
-            err = await until(ws, lambda b: b["type"] == "error")
-            assert err["code"] == "overloaded" and err["context"] == "a"
-            assert err["retry_after_ms"] >= 250
+            err = await until(ws, ErrorMessage)
+            assert err.code == "overloaded" and err.context == "a"
+            assert err.retry_after_ms >= 250
             await send(ws, type="end", context="a")  # it was never opened
-            assert (await until(ws, lambda b: b["type"] == "error"))["code"] == \
-                "unknown_context"
+            assert (await until(ws, ErrorMessage)).code == "unknown_context"
         assert metric(srv, "rtserver_rejected_total", reason="overloaded") >= 1
     finally:
         srv.stop()
@@ -113,55 +95,53 @@ async def test_admission_refuses_when_first_heard_audio_would_miss_the_target() 
 async def test_a_voice_fault_fails_only_its_context_and_opens_the_breaker(
         faulty: ServerThread) -> None:
     async with connect(faulty.url, compression=None) as ws:
-        await recv_json(ws)
+        await recv_message(ws)
         await send(ws, type="start", context="good", voice="faulty:ok")
         await send(ws, type="text", context="good", text="Speak a while please.")
         for i in range(2):
             await send(ws, type="start", context=f"bad{i}", voice="faulty:die")
             await send(ws, type="text", context=f"bad{i}", text="This one fails.")
             await send(ws, type="end", context=f"bad{i}")
-            err = await until(ws, lambda b: b["type"] == "error")
-            assert err["code"] == "engine_failed" and err["context"] == f"bad{i}"
+            err = await until(ws, ErrorMessage)
+            assert err.code == "engine_failed" and err.context == f"bad{i}"
         # two failures in a row: the breaker is open, the next start fails fast
         await send(ws, type="start", context="bad2", voice="faulty:die")
-        err = await until(ws, lambda b: b["type"] in ("error", "started"))
-        assert err["type"] == "error" and err["code"] == "engine_failed"
-        assert 0 < err["retry_after_ms"] <= 30_000
+        err = await until(ws, (ErrorMessage, Started))
+        assert isinstance(err, ErrorMessage) and err.code == "engine_failed"
+        assert 0 < err.retry_after_ms <= 30_000
         assert metric(faulty, "rtserver_engine_up", voice="faulty:die") == 0
         assert metric(faulty, "rtserver_engine_up", voice="faulty:ok") == 1
         assert http(faulty.http + "/ready")[0] == 503
         # the good context on the same connection was never touched
         await send(ws, type="end", context="good")
-        done = await until(ws, lambda b: b["type"] in ("done", "error")
-                           and b.get("context") == "good")
-        assert done["type"] == "done" and done["frames"] > 0
+        done = await until(ws, (Done, ErrorMessage), context="good")
+        assert isinstance(done, Done) and done.frames > 0
 
 
 async def test_an_engine_that_dies_fails_its_contexts_and_ready_goes_503(
         faulty: ServerThread) -> None:
     async with connect(faulty.url, compression=None) as ws:
-        await recv_json(ws)
+        await recv_message(ws)
         await send(ws, type="start", context="ok", voice="faulty:ok")
         await send(ws, type="start", context="dies", voice="faulty:dead")
         await send(ws, type="text", context="dies", text="Going down.")
         await send(ws, type="end", context="dies")
-        err = await until(ws, lambda b: b["type"] == "error")
-        assert err["code"] == "engine_failed" and err["context"] == "dies"
+        err = await until(ws, ErrorMessage)
+        assert err.code == "engine_failed" and err.context == "dies"
         await send(ws, type="start", context="again", voice="faulty:dead")
-        err = await until(ws, lambda b: b["type"] == "error")
-        assert err["code"] == "engine_failed" and "down" in err["message"]
+        err = await until(ws, ErrorMessage)
+        assert err.code == "engine_failed" and "down" in err.message
         assert metric(faulty, "rtserver_engine_up", voice="faulty:dead") == 0
         assert http(faulty.http + "/ready")[0] == 503
         await send(ws, type="text", context="ok", text="Still here.")
         await send(ws, type="end", context="ok")
-        done = await until(ws, lambda b: b.get("context") == "ok"
-                           and b["type"] in ("done", "error"))
-        assert done["type"] == "done"
+        done = await until(ws, (Done, ErrorMessage), context="ok")
+        assert isinstance(done, Done)
 
 
 async def test_cancel_closes_the_voice_at_once(faulty: ServerThread) -> None:
     async with connect(faulty.url, compression=None) as ws:
-        await recv_json(ws)
+        await recv_message(ws)
         for i in range(10):
             name = f"c{i}"
             voice = "faulty:hang" if i % 2 else "faulty:ok"
@@ -172,7 +152,7 @@ async def test_cancel_closes_the_voice_at_once(faulty: ServerThread) -> None:
                 pass  # until its first frame
             await asyncio.sleep(0.01 * i)
             await send(ws, type="cancel", context=name)
-            await until(ws, lambda b: b["type"] == "cancelled")
+            await until(ws, Cancelled)
             # the voice's generator was closed before `cancelled` was sent
             assert faulty.call(lambda: LEDGER.open) == 0
 
@@ -180,7 +160,7 @@ async def test_cancel_closes_the_voice_at_once(faulty: ServerThread) -> None:
 async def test_abrupt_disconnects_leave_nothing_behind(faulty: ServerThread) -> None:
     for _ in range(20):
         ws = await connect(faulty.url, compression=None)
-        await recv_json(ws)
+        await recv_message(ws)
         await send(ws, type="start", context="x", voice="faulty:hang")
         await send(ws, type="text", context="x", text="Drop me.")
         await send(ws, type="flush", context="x")
@@ -204,7 +184,7 @@ async def test_a_client_that_floods_without_reading_is_closed_1008() -> None:
                                              "socket_send_buffer": 4096}).start()
     try:
         async with connect(srv.url, compression=None, max_queue=1) as ws:
-            await recv_json(ws)
+            await recv_message(ws)
             try:
                 for _ in range(200_000):  # never reads its errors
                     await asyncio.wait_for(ws.send("not json"), 5)
@@ -225,7 +205,7 @@ async def test_an_idle_connection_is_closed() -> None:
     srv = ServerThread.with_settings(server={"idle_timeout_s": 0.5}).start()
     try:
         async with connect(srv.url, compression=None) as ws:
-            await recv_json(ws)
+            await recv_message(ws)
             with pytest.raises(ConnectionClosed):
                 await asyncio.wait_for(ws.recv(), 10)
             assert ws.close_code == 1000 and ws.close_reason == "idle"
@@ -240,20 +220,20 @@ async def test_drain_refuses_starts_finishes_contexts_and_closes_1001() -> None:
     stopped = False
     try:
         async with connect(srv.url, compression=None) as ws:
-            await recv_json(ws)
+            await recv_message(ws)
             await send(ws, type="start", context="a", voice="faulty:ok")
             await send(ws, type="text", context="a", text="Finish me during the drain.")
             await send(ws, type="end", context="a")
-            assert (await until(ws, lambda b: b["type"] == "started"))["context"] == "a"
+            assert (await until(ws, Started)).context == "a"
             assert srv.server is not None
             srv.call(lambda: asyncio.ensure_future(srv.server.drain()))  # type: ignore[union-attr]
             await asyncio.sleep(0.1)
             assert http(srv.http + "/ready")[0] == 503
             await send(ws, type="start", context="b", voice="faulty:ok")
-            err = await until(ws, lambda b: b["type"] == "error")
-            assert err["code"] == "overloaded" and err["context"] == "b"
-            done = await until(ws, lambda b: b["type"] == "done")
-            assert done["context"] == "a" and done["frames"] > 0
+            err = await until(ws, ErrorMessage)
+            assert err.code == "overloaded" and err.context == "b"
+            done = await until(ws, Done)
+            assert done.context == "a" and done.frames > 0
             with pytest.raises(ConnectionClosed):
                 while True:
                     await asyncio.wait_for(ws.recv(), 10)

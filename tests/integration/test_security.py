@@ -9,9 +9,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from rtserver.client import HandshakeRejected, RtClient
+from rtserver.protocol.messages import Ready
 from rtserver.testing.server_thread import ServerThread
 
-from .util import http
+from .util import http, recv_message
 
 
 async def test_origins_not_on_the_list_get_403_null_included() -> None:
@@ -24,7 +25,7 @@ async def test_origins_not_on_the_list_get_403_null_included() -> None:
             assert info.value.response.status_code == 403
         async with connect(srv.url, compression=None,
                            origin="https://app.example") as ws:  # type: ignore[arg-type]
-            assert json.loads(await ws.recv())["type"] == "ready"
+            assert isinstance(await recv_message(ws), Ready)
         async with RtClient.connect(srv.url):  # no Origin: not a browser
             pass
         _, _, body = http(srv.http + "/metrics")
@@ -53,7 +54,7 @@ async def test_tokens_are_minted_with_a_key_and_open_the_stream() -> None:
         assert minted["expires_in_s"] == 30 and "secret-key" not in token
         # a browser opens the stream with ?token=
         async with connect(f"{srv.url}?token={token}", compression=None) as ws:
-            assert json.loads(await ws.recv())["type"] == "ready"
+            assert isinstance(await recv_message(ws), Ready)
         for bad in (token[:-3] + "abc", "secret-ke", ""):
             with pytest.raises(InvalidStatus) as info:
                 async with connect(f"{srv.url}?token={bad}", compression=None):
@@ -77,7 +78,7 @@ async def test_connections_are_rate_limited_at_the_handshake() -> None:
     try:
         for _ in range(2):
             async with connect(srv.url, compression=None) as ws:
-                assert json.loads(await ws.recv())["type"] == "ready"
+                assert isinstance(await recv_message(ws), Ready)
         with pytest.raises(InvalidStatus) as info:
             async with connect(srv.url, compression=None):
                 pass
