@@ -29,8 +29,18 @@ STEPS_PER_S = 24000 / 512  # audio steps per second (upstream Vocos hop 256, 2 f
 TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
 
 
-async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list[int],
-                  steps: int, want_hidden: bool = True, **engine_kw: Any) -> dict[str, Any]:
+def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
+    """``"1,64,512x256"`` -> [(1, steps), (64, steps), (512, 256)]: streams, steps each."""
+    out = []
+    for part in text.split(","):
+        n, _, s = part.partition("x")
+        out.append((int(n), int(s) if s else steps))
+    return out
+
+
+async def _levels(ckpt: str, device: str, slots: int, max_len: int,
+                  levels: list[tuple[int, int]], want_hidden: bool = True,
+                  **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
@@ -58,14 +68,14 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
     emb = (PromptEmbedding(assets.tokenizer.spk_emb_id, tuple(float(v) for v in vec)),)
     c = engine.counters_
     out: dict[str, Any] = {"device": device, "slots": slots, "max_len": max_len,
-                           "steps": steps, "prompt_positions": len(ids), "want_hidden": want_hidden,
+                           "prompt_positions": len(ids), "want_hidden": want_hidden,
                            "engine": {k: v for k, v in engine_kw.items()},
                            "start_s": round(start_s, 2), "graphs": engine.runner.graphs,
                            "levels": []}
     cuda = device.startswith("cuda")
     try:
-        for n in levels:
-            async def one(i: int, n: int = n) -> tuple[float, float, int]:
+        for n, steps in levels:
+            async def one(i: int, n: int = n, steps: int = steps) -> tuple[float, float, int]:
                 req = TokenRequest(request_id=f"l{n}-{i}", prompt_token_ids=ids,
                                    max_tokens=steps,
                                    sampling=SamplingSettings(temperature=0.3, top_p=0.7,
@@ -103,7 +113,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
             st = max(d["steps"], 1)
             # the steady part: every stream decoding (no prefill in the step)
             out["levels"].append({
-                "streams": n, "wall_s": round(wall, 3),
+                "streams": n, "steps": steps, "wall_s": round(wall, 3),
                 "steps_per_s_total": round(sum(r[2] for r in res) / wall, 1),
                 "first_step_ms_p50": round(float(np.percentile(firsts, 50)), 2),
                 "first_step_ms_p99": round(float(np.percentile(firsts, 99)), 2),
@@ -130,8 +140,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
 
 def run_engine_levels(ckpt: str, *, device: str, slots: int, max_len: int, levels: list[int],
                       steps: int, want_hidden: bool = True, **engine_kw: Any) -> dict[str, Any]:
-    return asyncio.run(_levels(ckpt, device, slots, max_len, levels, steps, want_hidden,
-                               **engine_kw))
+    return asyncio.run(_levels(ckpt, device, slots, max_len, [(n, steps) for n in levels],
+                               want_hidden, **engine_kw))
 
 
 def main() -> None:
@@ -140,16 +150,16 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--slots", type=int, default=512)
     p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--levels", default="1,8,32,64,128,256,512")
-    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--levels", default="1,8,32,64,128,256,512",
+                   help="streams per level; NxS: N streams of S steps")
+    p.add_argument("--steps", type=int, default=64, help="steps per request (levels without x)")
     p.add_argument("--no-hidden", action="store_true", help="requests want no hidden states")
     p.add_argument("--prefill-tokens", type=int, default=0, help="0: the engine's default")
     p.add_argument("--out", default="", help="also write the JSON here")
     a = p.parse_args()
     kw = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
-    res = run_engine_levels(a.ckpt, device=a.device, slots=a.slots, max_len=a.max_len,
-                            levels=[int(x) for x in a.levels.split(",")], steps=a.steps,
-                            want_hidden=not a.no_hidden, **kw)
+    res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
+                              parse_levels(a.levels, a.steps), not a.no_hidden, **kw))
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:
