@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 import warnings
 from typing import Any
@@ -93,9 +94,9 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                     last = now
                 return first, last, got
 
-            before = {k: getattr(c, k) for k in ("steps", "decode_steps", "rows", "host_s",
-                                                 "gpu_s", "wait_s", "prefill_tokens",
-                                                 "prefill_padded", "moves", "syncs")}
+            before = {k: getattr(c, k) for k in (
+                "steps", "decode_steps", "rows", "host_s", "host_cpu_s", "gpu_s", "wait_s",
+                "prefill_tokens", "prefill_padded", "moves", "syncs")}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 if cuda:
@@ -106,7 +107,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                 await asyncio.sleep(0.05)  # the loop reads the last step back
                 if cuda:
                     torch.cuda.set_sync_debug_mode("default")
-            syncs = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)]
+            syncs = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)
+                     and "prototype" not in str(w.message)]
             d = {k: getattr(c, k) - v for k, v in before.items()}
             firsts = np.array([r[0] for r in res]) * 1000
             rates = np.array([(r[2] - 1) / max(r[1] - r[0], 1e-9) for r in res])
@@ -123,6 +125,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                 "real_time_x_p50": round(float(np.percentile(rates, 50)) / STEPS_PER_S, 2),
                 "engine_steps": d["steps"],
                 "host_ms_per_step": round(1000 * d["host_s"] / st, 3),
+                "host_cpu_ms_per_step": round(1000 * d["host_cpu_s"] / st, 3),
                 "gpu_ms_per_step": round(1000 * d["gpu_s"] / st, 3),
                 "wait_ms_per_step": round(1000 * d["wait_s"] / st, 3),
                 "gpu_busy": round(d["gpu_s"] / wall, 3),
@@ -156,10 +159,15 @@ def main() -> None:
     p.add_argument("--no-hidden", action="store_true", help="requests want no hidden states")
     p.add_argument("--prefill-tokens", type=int, default=0, help="0: the engine's default")
     p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--gil-switch-ms", type=float, default=0.0,
+                   help="sys.setswitchinterval for this process (0: Python's 5 ms)")
     a = p.parse_args()
+    if a.gil_switch_ms > 0:
+        sys.setswitchinterval(a.gil_switch_ms / 1000)
     kw = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
                               parse_levels(a.levels, a.steps), not a.no_hidden, **kw))
+    res["gil_switch_ms"] = sys.getswitchinterval() * 1000
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:

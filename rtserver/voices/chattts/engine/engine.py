@@ -130,7 +130,8 @@ class StepCounters:
     prefill_tokens: int = 0  # prompt positions prefilled
     prefill_padded: int = 0  # the same, padded to the graph's shape
     moves: int = 0  # slots moved by compaction
-    host_s: float = 0.0  # engine thread time per step, outside its one wait
+    host_s: float = 0.0  # engine thread wall time per step, outside its one wait
+    host_cpu_s: float = 0.0  # engine thread CPU time per step, outside its one wait
     gpu_s: float = 0.0  # device time from a step's first launch to its copy out
     wait_s: float = 0.0  # time blocked in the wait
     syncs: int = 0  # host syncs (one per step read back)
@@ -159,6 +160,7 @@ class TorchCodeEngine:
         self._text: TextLane | None = None
         self._text_futs: dict[str, asyncio.Future[list[int]]] = {}
         self._n_hidden = 0  # scheduled requests that want hidden states (thread-owned)
+        self._emits: list[tuple[_Req, bool]] = []  # hand-overs of this turn (thread-owned)
         # stats (written by the thread; read by the loop: plain numbers, no locking needed)
         self.counters_ = StepCounters()
         self._running = 0
@@ -415,8 +417,10 @@ class TorchCodeEngine:
                              c.decode_steps),
             "prefill_batches": ("Steps that carried prefill chunks", c.prefill_batches),
             "engine_steps": ("Engine steps launched (decode and/or prefill)", c.steps),
-            "engine_host_seconds": ("Engine thread time per step outside its one wait on "
-                                    "the device, summed", c.host_s),
+            "engine_host_seconds": ("Engine thread wall time per step outside its one wait "
+                                    "on the device (GIL waits included), summed", c.host_s),
+            "engine_host_cpu_seconds": ("Engine thread CPU time per step outside its one wait "
+                                        "on the device, summed", c.host_cpu_s),
             "engine_gpu_seconds": ("Device time of the engine's steps (first launch to copy "
                                    "out), summed", c.gpu_s),
             "engine_rows": ("Decode rows run, summed over steps", c.rows),
@@ -450,6 +454,7 @@ class TorchCodeEngine:
             with stream:
                 while not self._stop:
                     t0 = time.perf_counter()
+                    cpu0 = time.thread_time()
                     self._take_inbox()
                     out: list[_Event] = []
                     self._expire_waiting(out)
@@ -465,11 +470,12 @@ class TorchCodeEngine:
                     text = self._text is not None and self._text.busy
                     if text:
                         self._text_turn()
-                    waited = 0.0
+                    waited = cpu_waited = 0.0
                     if prev is not None:
-                        tw = time.perf_counter()
+                        tw, cw = time.perf_counter(), time.thread_time()
                         c.gpu_s += runner.wait(prev)
                         waited = time.perf_counter() - tw
+                        cpu_waited = time.thread_time() - cw  # CUDA spins in the wait
                         c.wait_s += waited
                         c.syncs += 1
                         self._read(prev, out)
@@ -479,7 +485,8 @@ class TorchCodeEngine:
                     if out:
                         self._post(out)
                     if rec is not None:
-                        self._count(rec, time.perf_counter() - t0 - waited)
+                        self._count(rec, time.perf_counter() - t0 - waited,
+                                    time.thread_time() - cpu0 - cpu_waited)
                     elif not text:
                         self._wake.wait(0.05)
                         self._wake.clear()
@@ -489,10 +496,11 @@ class TorchCodeEngine:
             err = EngineFailed(f"the engine died: {exc}")
             self._post([(rid, None, None, True, err) for rid in list(self._streams)])
 
-    def _count(self, rec: Record, host_s: float) -> None:
+    def _count(self, rec: Record, host_s: float, host_cpu_s: float) -> None:
         c, plan = self.counters_, rec.plan
         c.steps += 1
         c.host_s += host_s
+        c.host_cpu_s += host_cpu_s
         if plan.rows:
             c.decode_steps += 1
             c.rows += len(plan.rows)
@@ -515,15 +523,19 @@ class TorchCodeEngine:
         plan = rec.plan
         eager, interval = self.config.eager_steps, max(1, self.config.stream_interval)
         p0 = runner.p0
+        self._emits.clear()
         for i, ch in enumerate(plan.chunks):
             if ch.final and not ch.seq.done:
                 self._step_of(ch.seq, r, p0 + i, int(ring[p0 + i, vq]), out)
         b = len(plan.rows)
-        if not b:
-            return
-        flags = ring[:b, vq]
+        if b:
+            self._read_rows(plan.rows, r, ring[:b, vq], eager, interval, out)
+        self._flush(out)
+
+    def _read_rows(self, rows: tuple[Seq, ...], r: int, flags: np.ndarray, eager: int,
+                   interval: int, out: list[_Event]) -> None:
         special = set(np.flatnonzero(flags).tolist()) if flags.any() else set()
-        for i, seq in enumerate(plan.rows):
+        for i, seq in enumerate(rows):
             if seq.done:
                 continue
             if i in special:
@@ -553,14 +565,35 @@ class TorchCodeEngine:
             self._end(seq)
 
     def _emit(self, req: _Req, done: bool, out: list[_Event]) -> None:
+        """Queue ``req``'s held steps; ``_flush`` gathers every queued one at once."""
+        self._emits.append((req, done))
+
+    def _flush(self, out: list[_Event]) -> None:
+        """One gather out of the pinned ring for every request handed steps this
+        turn (fancy indexing copies: nothing handed is a view of the ring)."""
+        if not self._emits:
+            return
         runner = self.runner
-        held, req.held = req.held, []
-        rings = [h[0] for h in held]
-        rows = [h[1] for h in held]
-        codes = runner.np_ring_i[rings, rows, :runner.vq]  # fancy indexing: a copy
-        hidden = runner.np_ring_h[rings, rows] if req.request.want_hidden else None
-        self._gen_tokens += len(held)
-        out.append((req.request.request_id, codes, hidden, done, None))
+        rings: list[int] = []
+        rows: list[int] = []
+        hidden_wanted = False
+        for req, _ in self._emits:
+            for ring, row in req.held:
+                rings.append(ring)
+                rows.append(row)
+            hidden_wanted = hidden_wanted or req.request.want_hidden
+        codes = runner.np_ring_i[rings, rows, :runner.vq]
+        hidden = runner.np_ring_h[rings, rows] if hidden_wanted else None
+        o = 0
+        for req, done in self._emits:
+            n = len(req.held)
+            req.held = []
+            out.append((req.request.request_id, codes[o:o + n],
+                        hidden[o:o + n] if hidden is not None and req.request.want_hidden
+                        else None, done, None))
+            o += n
+        self._gen_tokens += o
+        self._emits.clear()
 
     def _end(self, seq: Seq) -> None:
         sched = self._sched
