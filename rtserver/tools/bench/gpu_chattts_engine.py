@@ -41,7 +41,7 @@ def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
 
 async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                   levels: list[tuple[int, int]], want_hidden: bool = True,
-                  **engine_kw: Any) -> dict[str, Any]:
+                  profile: str = "", **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
@@ -60,6 +60,23 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
     engine = TorchCodeEngine(factory, TorchEngineConfig(
         slots=slots, max_len=max_len, cuda_graphs=device.startswith("cuda"), ignore_eos=True,
         **engine_kw), eos_id=cfg.eos_id)
+    if profile:  # the step loop under cProfile (its thread only), stats written at close
+        import cProfile
+        import pstats
+
+        run = engine._run
+
+        def profiled() -> None:
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                run()
+            finally:
+                prof.disable()
+                with open(profile, "w") as f:
+                    pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+
+        engine._run = profiled  # type: ignore[method-assign]
     t0 = time.monotonic()
     await engine.start()
     start_s = time.monotonic() - t0
@@ -159,6 +176,7 @@ def main() -> None:
     p.add_argument("--no-hidden", action="store_true", help="requests want no hidden states")
     p.add_argument("--prefill-tokens", type=int, default=0, help="0: the engine's default")
     p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--profile", default="", help="write the step loop's cProfile stats here")
     p.add_argument("--gil-switch-ms", type=float, default=0.0,
                    help="sys.setswitchinterval for this process (0: Python's 5 ms)")
     a = p.parse_args()
@@ -166,7 +184,8 @@ def main() -> None:
         sys.setswitchinterval(a.gil_switch_ms / 1000)
     kw = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
-                              parse_levels(a.levels, a.steps), not a.no_hidden, **kw))
+                              parse_levels(a.levels, a.steps), not a.no_hidden,
+                              a.profile, **kw))
     res["gil_switch_ms"] = sys.getswitchinterval() * 1000
     text = json.dumps(res, indent=1)
     print(text)
