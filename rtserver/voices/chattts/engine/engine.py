@@ -38,7 +38,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -111,8 +111,8 @@ class _Req:
     request: TokenRequest
     inputs: PrefillInputs
     submitted: float
-    steps: int = 0  # steps read back
-    held: list[tuple[int, int]] = field(default_factory=list)  # (ring, row) not yet handed
+    handle: int = -1  # its row in the hand-over arrays (``_Handover``), once running
+    gen: int = 0  # that row's generation when it was given (a stale row is ignored)
 
 
 # thread -> loop: (request id, codes [n, vq] or None, hidden [n, H] or None, done, error)
@@ -135,6 +135,36 @@ class StepCounters:
     gpu_s: float = 0.0  # device time from a step's first launch to its copy out
     wait_s: float = 0.0  # time blocked in the wait
     syncs: int = 0  # host syncs (one per step read back)
+
+
+class _Handover:
+    """What each running request has been sampled but not yet handed, as numpy
+    arrays indexed by a handle (a small int held from a request's first chunk to
+    its end), so a step's rows are read back with a few vector operations instead
+    of Python work per row. Each entry is a (ring, row) place in the pinned ring."""
+
+    def __init__(self, handles: int, hold: int) -> None:
+        self.gen = np.zeros(handles, dtype=np.int64)  # bumped when a handle is freed
+        self.steps = np.zeros(handles, dtype=np.int64)  # steps read back
+        self.held = np.zeros(handles, dtype=np.int64)  # entries held
+        self.ring = np.zeros((handles, hold), dtype=np.int64)
+        self.row = np.zeros((handles, hold), dtype=np.int64)
+        self.req: list[_Req | None] = [None] * handles
+        self.free = list(range(handles - 1, -1, -1))
+        self.hold = hold
+
+    def give(self, req: _Req) -> None:
+        h = self.free.pop()
+        self.steps[h] = self.held[h] = 0
+        self.req[h] = req
+        req.handle, req.gen = h, int(self.gen[h])
+
+    def take_back(self, req: _Req) -> None:
+        h = req.handle
+        if h >= 0 and self.req[h] is req:
+            self.gen[h] += 1
+            self.req[h] = None
+            self.free.append(h)
 
 
 class TorchCodeEngine:
@@ -160,7 +190,14 @@ class TorchCodeEngine:
         self._text: TextLane | None = None
         self._text_futs: dict[str, asyncio.Future[list[int]]] = {}
         self._n_hidden = 0  # scheduled requests that want hidden states (thread-owned)
-        self._emits: list[tuple[_Req, bool]] = []  # hand-overs of this turn (thread-owned)
+        # hand-overs of this turn (thread-owned): handles in vectors, and (handle, done)
+        self._emit_vec: list[np.ndarray] = []
+        self._emit_one: list[tuple[int, bool]] = []
+        self._ending: list[Seq] = []
+        self._ho: _Handover | None = None
+        self._rows_key: tuple[Seq, ...] | None = None
+        self._rows_hg: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),
+                                                        np.zeros(0, np.int64))
         # stats (written by the thread; read by the loop: plain numbers, no locking needed)
         self.counters_ = StepCounters()
         self._running = 0
@@ -223,6 +260,9 @@ class TorchCodeEngine:
             min_new_steps=c.min_new_steps, ignore_eos=c.ignore_eos,
             penalty_window=c.penalty_window, ring=max(1, c.stream_interval) + 3),
             self._sched.config)
+        # handles: every slot, plus the rows of one prefill (a request gets its
+        # handle at its first chunk and gives it back at its end)
+        self._ho = _Handover(model.slots + c.prefill_rows, max(1, c.stream_interval))
         if c.text_slots > 0:
             self._text = TextLane(model, c.text_slots, c.text_max_len)
         if model.device.type == "cuda" and c.cuda_graphs:
@@ -461,6 +501,9 @@ class TorchCodeEngine:
                     rec = None
                     if not sched.idle:
                         plan = sched.schedule()
+                        for ch in plan.chunks:
+                            if ch.start == 0:
+                                self._handover.give(ch.seq.payload)
                         if not plan.empty:
                             try:
                                 rec = runner.launch(plan, self._inputs, self._n_hidden > 0)
@@ -514,6 +557,11 @@ class TorchCodeEngine:
         req: _Req = seq.payload
         return req.inputs
 
+    @property
+    def _handover(self) -> _Handover:
+        assert self._ho is not None
+        return self._ho
+
     def _read(self, rec: Record, out: list[_Event]) -> None:
         """Hand each request its step of ``rec`` (already copied out); finish those
         that ended."""
@@ -521,33 +569,44 @@ class TorchCodeEngine:
         vq, r = runner.vq, rec.ring
         ring = runner.np_ring_i[r]
         plan = rec.plan
-        eager, interval = self.config.eager_steps, max(1, self.config.stream_interval)
         p0 = runner.p0
-        self._emits.clear()
         for i, ch in enumerate(plan.chunks):
             if ch.final and not ch.seq.done:
                 self._step_of(ch.seq, r, p0 + i, int(ring[p0 + i, vq]), out)
         b = len(plan.rows)
         if b:
-            self._read_rows(plan.rows, r, ring[:b, vq], eager, interval, out)
+            self._read_rows(plan.rows, r, ring[:b, vq], out)
         self._flush(out)
 
-    def _read_rows(self, rows: tuple[Seq, ...], r: int, flags: np.ndarray, eager: int,
-                   interval: int, out: list[_Event]) -> None:
-        special = set(np.flatnonzero(flags).tolist()) if flags.any() else set()
-        for i, seq in enumerate(rows):
-            if seq.done:
-                continue
-            if i in special:
-                self._step_of(seq, r, i, int(flags[i]), out)
-                continue
-            req: _Req = seq.payload
-            req.held.append((r, i))
-            req.steps += 1
-            if req.steps <= eager or len(req.held) >= interval:
-                self._emit(req, False, out)
+    def _read_rows(self, rows: tuple[Seq, ...], r: int, flags: np.ndarray,
+                   out: list[_Event]) -> None:
+        """The decode rows of a step, as vectors (rows of requests that ended since,
+        by their handle's generation, are skipped)."""
+        ho = self._handover
+        if rows is not self._rows_key:  # the batch changed: its handles
+            self._rows_key = rows
+            self._rows_hg = (np.array([s.payload.handle for s in rows], dtype=np.int64),
+                             np.array([s.payload.gen for s in rows], dtype=np.int64))
+        hs, gs = self._rows_hg
+        ok = ho.gen[hs] == gs
+        if flags.any():  # ended or failed: one by one (few)
+            for i in np.flatnonzero((flags != 0) & ok).tolist():
+                self._step_of(rows[i], r, i, int(flags[i]), out)
+            ok &= flags == 0
+        idx = np.flatnonzero(ok)
+        hv = hs[idx]
+        k = ho.held[hv]
+        ho.ring[hv, k] = r
+        ho.row[hv, k] = idx
+        ho.held[hv] = k + 1
+        st = ho.steps[hv] + 1
+        ho.steps[hv] = st
+        emit = hv[(st <= self.config.eager_steps) | (k + 1 >= ho.hold)]
+        if len(emit):
+            self._emit_vec.append(emit)
 
     def _step_of(self, seq: Seq, ring: int, row: int, flag: int, out: list[_Event]) -> None:
+        """One row read back alone: a prefill's first step, or a flagged decode row."""
         req: _Req = seq.payload
         rid = req.request.request_id
         if flag & FLAG_BAD:
@@ -555,51 +614,53 @@ class TorchCodeEngine:
             out.append((rid, None, None, True, EngineFailed(
                 f"request {rid}: the model produced non-finite values")))
             return
-        req.held.append((ring, row))
-        req.steps += 1
+        ho, h = self._handover, req.handle
+        k = int(ho.held[h])
+        ho.ring[h, k], ho.row[h, k] = ring, row
+        ho.held[h] = k + 1
+        ho.steps[h] += 1
         done = bool(flag & FLAG_DONE)
-        if done or req.steps <= self.config.eager_steps or \
-                len(req.held) >= max(1, self.config.stream_interval):
-            self._emit(req, done, out)
+        if done or ho.steps[h] <= self.config.eager_steps or k + 1 >= ho.hold:
+            self._emit_one.append((h, done))
         if done:
-            self._end(seq)
-
-    def _emit(self, req: _Req, done: bool, out: list[_Event]) -> None:
-        """Queue ``req``'s held steps; ``_flush`` gathers every queued one at once."""
-        self._emits.append((req, done))
+            self._ending.append(seq)  # after ``_flush``: it reads the handle
 
     def _flush(self, out: list[_Event]) -> None:
         """One gather out of the pinned ring for every request handed steps this
         turn (fancy indexing copies: nothing handed is a view of the ring)."""
-        if not self._emits:
-            return
-        runner = self.runner
-        rings: list[int] = []
-        rows: list[int] = []
-        hidden_wanted = False
-        for req, _ in self._emits:
-            for ring, row in req.held:
-                rings.append(ring)
-                rows.append(row)
-            hidden_wanted = hidden_wanted or req.request.want_hidden
-        codes = runner.np_ring_i[rings, rows, :runner.vq]
-        hidden = runner.np_ring_h[rings, rows] if hidden_wanted else None
-        o = 0
-        for req, done in self._emits:
-            n = len(req.held)
-            req.held = []
-            out.append((req.request.request_id, codes[o:o + n],
-                        hidden[o:o + n] if hidden is not None and req.request.want_hidden
-                        else None, done, None))
-            o += n
-        self._gen_tokens += o
-        self._emits.clear()
+        ho, runner = self._handover, self.runner
+        if self._emit_vec or self._emit_one:
+            parts = [*self._emit_vec,
+                     np.array([h for h, _ in self._emit_one], dtype=np.int64)]
+            e = np.concatenate(parts)
+            n = ho.held[e]
+            mask = np.arange(ho.hold)[None, :] < n[:, None]
+            rings, rows = ho.ring[e][mask], ho.row[e][mask]
+            codes = runner.np_ring_i[rings, rows, :runner.vq]
+            hidden = runner.np_ring_h[rings, rows] if self._n_hidden > 0 else None
+            ends = np.concatenate([[0], np.cumsum(n)]).tolist()
+            done_of = {h: d for h, d in self._emit_one}
+            for j, h in enumerate(e.tolist()):
+                req = ho.req[h]
+                assert req is not None
+                a, z = ends[j], ends[j + 1]
+                out.append((req.request.request_id, codes[a:z],
+                            hidden[a:z] if hidden is not None and req.request.want_hidden
+                            else None, done_of.get(h, False), None))
+            ho.held[e] = 0
+            self._gen_tokens += ends[-1]
+            self._emit_vec.clear()
+            self._emit_one.clear()
+        for seq in self._ending:
+            self._end(seq)
+        self._ending.clear()
 
     def _end(self, seq: Seq) -> None:
         sched = self._sched
         assert sched is not None
         if not seq.done:
             sched.finish(seq)
+            self._handover.take_back(seq.payload)
             if seq.payload.request.want_hidden:
                 self._n_hidden -= 1
 
