@@ -119,6 +119,19 @@ class _Req:
 _Event = tuple[str, "np.ndarray | None", "np.ndarray | None", bool, "BaseException | None"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A turn's hand-overs in one piece (thread -> loop): request ``rids[j]`` gets
+    rows ``ends[j]:ends[j + 1]`` of ``codes`` (and ``hidden``); the loop splits
+    them, so the engine thread does no Python work per request handed steps."""
+
+    rids: list[str]
+    codes: np.ndarray  # [rows, vq], a fresh gather out of the pinned ring
+    hidden: np.ndarray | None  # [rows, H]
+    ends: list[int]  # len(rids) + 1
+    done: frozenset[str]
+
+
 @dataclass
 class StepCounters:
     """What the step loop did (thread-written plain numbers; /metrics reads them)."""
@@ -150,6 +163,7 @@ class _Handover:
         self.ring = np.zeros((handles, hold), dtype=np.int64)
         self.row = np.zeros((handles, hold), dtype=np.int64)
         self.req: list[_Req | None] = [None] * handles
+        self.rid: list[str] = [""] * handles
         self.free = list(range(handles - 1, -1, -1))
         self.hold = hold
 
@@ -157,6 +171,7 @@ class _Handover:
         h = self.free.pop()
         self.steps[h] = self.held[h] = 0
         self.req[h] = req
+        self.rid[h] = req.request.request_id
         req.handle, req.gen = h, int(self.gen[h])
 
     def take_back(self, req: _Req) -> None:
@@ -194,6 +209,7 @@ class TorchCodeEngine:
         self._emit_vec: list[np.ndarray] = []
         self._emit_one: list[tuple[int, bool]] = []
         self._ending: list[Seq] = []
+        self._batch: _Batch | None = None  # this turn's hand-overs, posted with its events
         self._ho: _Handover | None = None
         self._rows_key: tuple[Seq, ...] | None = None
         self._rows_hg: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),
@@ -473,9 +489,18 @@ class TorchCodeEngine:
     def slots_in_use(self) -> int:
         return self._running
 
-    def _deliver(self, events: list[_Event]) -> None:
+    def _deliver(self, events: list[_Event], batch: _Batch | None = None) -> None:
+        streams = self._streams
+        if batch is not None:
+            codes, hidden, ends, done = batch.codes, batch.hidden, batch.ends, batch.done
+            for j, rid in enumerate(batch.rids):
+                q = streams.get(rid)
+                if q is not None:
+                    a, z = ends[j], ends[j + 1]
+                    q.put_nowait((rid, codes[a:z], hidden[a:z] if hidden is not None else None,
+                                  rid in done, None))
         for ev in events:
-            q = self._streams.get(ev[0])
+            q = streams.get(ev[0])
             if q is not None:
                 q.put_nowait(ev)
 
@@ -525,8 +550,9 @@ class TorchCodeEngine:
                     prev = rec
                     self._running = sched.running
                     self._n_waiting = sched.waiting
-                    if out:
-                        self._post(out)
+                    batch, self._batch = self._batch, None
+                    if out or batch is not None:
+                        self._post(out, batch)
                     if rec is not None:
                         self._count(rec, time.perf_counter() - t0 - waited,
                                     time.thread_time() - cpu0 - cpu_waited)
@@ -627,7 +653,8 @@ class TorchCodeEngine:
 
     def _flush(self, out: list[_Event]) -> None:
         """One gather out of the pinned ring for every request handed steps this
-        turn (fancy indexing copies: nothing handed is a view of the ring)."""
+        turn (fancy indexing copies: nothing handed is a view of the ring), posted
+        as one ``_Batch``."""
         ho, runner = self._handover, self.runner
         if self._emit_vec or self._emit_one:
             parts = [*self._emit_vec,
@@ -636,19 +663,16 @@ class TorchCodeEngine:
             n = ho.held[e]
             mask = np.arange(ho.hold)[None, :] < n[:, None]
             rings, rows = ho.ring[e][mask], ho.row[e][mask]
-            codes = runner.np_ring_i[rings, rows, :runner.vq]
             hidden = runner.np_ring_h[rings, rows] if self._n_hidden > 0 else None
-            ends = np.concatenate([[0], np.cumsum(n)]).tolist()
-            done_of = {h: d for h, d in self._emit_one}
-            for j, h in enumerate(e.tolist()):
-                req = ho.req[h]
-                assert req is not None
-                a, z = ends[j], ends[j + 1]
-                out.append((req.request.request_id, codes[a:z],
-                            hidden[a:z] if hidden is not None and req.request.want_hidden
-                            else None, done_of.get(h, False), None))
+            ends = np.zeros(len(e) + 1, dtype=np.int64)
+            np.cumsum(n, out=ends[1:])
+            self._batch = _Batch(
+                rids=list(map(ho.rid.__getitem__, e.tolist())),
+                codes=runner.np_ring_i[rings, rows, :runner.vq], hidden=hidden,
+                ends=ends.tolist(),
+                done=frozenset(ho.rid[h] for h, d in self._emit_one if d))
             ho.held[e] = 0
-            self._gen_tokens += ends[-1]
+            self._gen_tokens += int(ends[-1])
             self._emit_vec.clear()
             self._emit_one.clear()
         for seq in self._ending:
@@ -690,11 +714,11 @@ class TorchCodeEngine:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._resolve_text, results)
 
-    def _post(self, events: list[_Event]) -> None:
+    def _post(self, events: list[_Event], batch: _Batch | None = None) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing
-                loop.call_soon_threadsafe(self._deliver, events)
+                loop.call_soon_threadsafe(self._deliver, events, batch)
 
     def _take_inbox(self) -> None:
         sched = self._sched
