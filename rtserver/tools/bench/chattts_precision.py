@@ -1,11 +1,17 @@
-"""The ChatTTS GPT in bf16 against float32 (upstream's precision), through the engine.
+"""The ChatTTS GPT in bf16 against float32 (upstream's precision).
 
-The same requests (same prompts, speaker vector and seeds; the draw depends on
-the seed and step only) run once with float32 weights and once with bf16.
-Codes agree until the first step where a draw flips; after that the two
-sequences condition on different histories. Per request: the first step that
-differs, the share of steps whose four codes agree, and the hidden state's
-relative error at the first step (prefill, before any divergence).
+Two measurements on the same prompts, speaker vectors and seeds:
+
+- **free-running**, through the engine: each precision generates on its own.
+  Codes agree until the first step where a draw flips; after that the two
+  sequences condition on different histories, so the share of agreeing steps
+  falls fast whatever the precision error (sampling is chaotic).
+- **teacher-forced**, on the model directly: both precisions read the float32
+  run's codes as history, so every step compares the two distributions the
+  sampler draws from (after temperature, penalty, top-p, top-k) given the same
+  past: their total-variation distance, how often the same noise draws a
+  different code (the per-step flip rate), and the hidden state's relative
+  error, over long generations.
 
     python -m rtserver.tools.bench.chattts_precision --ckpt CK --requests 64 --steps 512
 """
@@ -76,6 +82,65 @@ async def _run(ckpt: str, device: str, dtype_name: str, n: int, steps: int
         await engine.close()
 
 
+def teacher_forced(ckpt: str, *, device: str, n: int, steps: int) -> dict[str, Any]:
+    import torch
+
+    from rtserver.voices.chattts.assets import load_lm_assets
+    from rtserver.voices.chattts.engine.model import ChatLM
+    from rtserver.voices.chattts.engine.sampling import PENALTY_WINDOW, code_probs, race_noise
+    from rtserver.voices.chattts.text import code_prompt
+
+    torch.set_grad_enabled(False)
+    a = load_lm_assets(ckpt)
+    cfg = a.config
+    max_len = 128 + steps
+    models = [ChatLM(cfg, a.gpt, a.embed, slots=n, max_len=max_len, device=device,
+                     dtype=dt) for dt in (torch.float32, torch.bfloat16)]
+    prompts = [a.tokenizer.encode(code_prompt(TEXTS[i % len(TEXTS)])) for i in range(n)]
+    vecs = []
+    for i in range(n):
+        v = np.random.default_rng(1000 + i).standard_normal(cfg.hidden_size)
+        vecs.append(torch.tensor(v / np.linalg.norm(v), dtype=torch.float32, device=device))
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    t = int(lengths.max())
+    hidden = []
+    for m in models:
+        emb = torch.zeros((n, t, cfg.hidden_size), dtype=m.dtype, device=device)
+        for i, ids in enumerate(prompts):
+            emb[i, :len(ids)] = m.prompt_embeds(torch.tensor(ids, device=device),
+                                                a.tokenizer.spk_emb_id, vecs[i])
+        hidden.append(m.prefill(emb, lengths, torch.arange(n, device=device)))
+    ones = torch.ones(n, device=device)
+    params = {"temperature": 0.3 * ones, "top_p": 0.7 * ones,
+              "top_k": torch.full((n,), 20, device=device), "penalty": 1.05 * ones,
+              "min_new": torch.ones(n, dtype=torch.int64, device=device)}
+    seed = torch.arange(n, device=device)
+    hist = torch.full((n, cfg.num_vq, PENALTY_WINDOW), cfg.num_audio_tokens,
+                      dtype=torch.int64, device=device)
+    tv, flips, herr = [], [], []
+    for step in range(steps):
+        st = torch.full((n,), step, device=device)
+        p32, p16 = (code_probs(m.code_logits(h), history=hist, step=st, eos_id=cfg.eos_id,
+                               **params) for m, h in zip(models, hidden, strict=True))
+        noise = race_noise(seed, st, cfg.num_vq, cfg.num_audio_tokens)
+        c32, c16 = (p32 / noise).argmax(-1), (p16 / noise).argmax(-1)
+        tv.append((0.5 * (p32 - p16).abs().sum(-1)).flatten().cpu())
+        flips.append((c32 != c16).flatten().cpu())
+        herr.append(((hidden[1] - hidden[0]).norm(dim=-1) / hidden[0].norm(dim=-1)).cpu())
+        hist = torch.cat([hist[:, :, 1:], c32[:, :, None]], dim=2)
+        pos = lengths + step
+        hidden = [m.decode(c32, pos, max_len) for m in models]
+    tvs = torch.cat(tv).double().numpy()
+    fl = torch.cat(flips).double().numpy()
+    he = torch.cat(herr).double().numpy()
+    return {"requests": n, "steps": steps,
+            "tv_distance": {"mean": float(tvs.mean()), "p50": float(np.median(tvs)),
+                            "p99": float(np.percentile(tvs, 99))},
+            "draw_flip_rate_per_code": float(fl.mean()),
+            "hidden_rel_err": {"p50": float(np.median(he)),
+                               "p99": float(np.percentile(he, 99))}}
+
+
 def compare(ckpt: str, *, device: str, n: int, steps: int) -> dict[str, Any]:
     ref = asyncio.run(_run(ckpt, device, "float32", n, steps))
     low = asyncio.run(_run(ckpt, device, "bfloat16", n, steps))
@@ -103,7 +168,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=512)
     p.add_argument("--out", default="")
     a = p.parse_args()
-    res = compare(a.ckpt, device=a.device, n=a.requests, steps=a.steps)
+    res = {"free_running": compare(a.ckpt, device=a.device, n=a.requests, steps=a.steps),
+           "teacher_forced": teacher_forced(a.ckpt, device=a.device, n=a.requests,
+                                            steps=a.steps)}
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:

@@ -41,7 +41,7 @@ def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
 
 async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                   levels: list[tuple[int, int]], want_hidden: bool = True,
-                  profile: str = "", **engine_kw: Any) -> dict[str, Any]:
+                  profile: str = "", dtype_name: str = "", **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
@@ -51,7 +51,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
 
     assets = load_lm_assets(ckpt)
     cfg = assets.config
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = getattr(torch, dtype_name) if dtype_name else (
+        torch.bfloat16 if device.startswith("cuda") else torch.float32)
 
     def factory() -> ChatLM:
         return ChatLM(cfg, assets.gpt, assets.embed, slots=slots, max_len=max_len,
@@ -85,7 +86,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
     vec = vec / np.linalg.norm(vec)
     emb = (PromptEmbedding(assets.tokenizer.spk_emb_id, tuple(float(v) for v in vec)),)
     c = engine.counters_
-    out: dict[str, Any] = {"device": device, "slots": slots, "max_len": max_len,
+    out: dict[str, Any] = {"device": device, "dtype": str(dtype), "slots": slots,
+                           "max_len": max_len,
                            "prompt_positions": len(ids), "want_hidden": want_hidden,
                            "engine": {k: v for k, v in engine_kw.items()},
                            "start_s": round(start_s, 2), "graphs": engine.runner.graphs,
@@ -176,6 +178,8 @@ def main() -> None:
     p.add_argument("--no-hidden", action="store_true", help="requests want no hidden states")
     p.add_argument("--prefill-tokens", type=int, default=0, help="0: the engine's default")
     p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "
+                   "on CUDA)")
     p.add_argument("--profile", default="", help="write the step loop's cProfile stats here")
     p.add_argument("--gil-switch-ms", type=float, default=0.0,
                    help="sys.setswitchinterval for this process (0: Python's 5 ms)")
@@ -185,7 +189,7 @@ def main() -> None:
     kw = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
                               parse_levels(a.levels, a.steps), not a.no_hidden,
-                              a.profile, **kw))
+                              a.profile, a.dtype, **kw))
     res["gil_switch_ms"] = sys.getswitchinterval() * 1000
     text = json.dumps(res, indent=1)
     print(text)
