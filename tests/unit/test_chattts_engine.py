@@ -362,15 +362,30 @@ async def test_batched_equals_alone_through_chunks_and_moves(assets: LmAssets) -
 
 
 async def test_step_counters_on_metrics(assets: LmAssets) -> None:
-    """Rows, prefill positions and host time per step reach the counters that
-    /metrics shows."""
+    """Rows, prefill positions and host time per step reach /metrics through
+    the engine collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rtserver.engine.base import EngineCollector
+
     async with running(make_engine(assets, slots=4)) as engine:
         reqs = [request(assets, rid, text, seed, 20) for rid, text, seed, _ in TEXTS[:4]]
         await asyncio.gather(*(collect(engine, r) for r in reqs))
-        got = {k: v for k, (_, v) in engine.counters().items()}
-    assert got["engine_prefill_tokens"] == sum(len(r.prompt_token_ids) for r in reqs)
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine.stats, engine="chattts",
+                                          extra_counters=engine.counters))
+        text = generate_latest(registry).decode()
+    got = {}
+    for line in text.splitlines():
+        if line.startswith("rtserver_engine_") and '{engine="chattts"}' in line:
+            name, value = line.split('{engine="chattts"} ')
+            got[name] = float(value)
+    prompt = sum(len(r.prompt_token_ids) for r in reqs)
+    assert got["rtserver_engine_prefill_tokens_total"] == prompt
     # 4 x 20 steps: 4 first steps from the prefill, the rest decode rows (plus
     # one dropped step per request after its end, at most)
-    assert 4 * 19 <= got["engine_rows"] <= 4 * 20
-    assert got["engine_host_seconds"] > 0 and got["engine_steps"] >= 19
-    assert got["engine_gpu_seconds"] == 0  # CPU: no device timer
+    assert 4 * 19 <= got["rtserver_engine_rows_total"] <= 4 * 20
+    assert got["rtserver_engine_host_seconds_total"] > 0
+    assert got["rtserver_engine_host_cpu_seconds_total"] > 0
+    assert got["rtserver_engine_steps_total"] >= 19
+    assert got["rtserver_engine_gpu_seconds_total"] == 0  # CPU: no device timer

@@ -465,25 +465,26 @@ class TorchCodeEngine:
             ttft=self._ttft.snapshot(), t7=self._t7.snapshot(), t28=self._t28.snapshot())
 
     def counters(self) -> dict[str, tuple[str, float]]:
-        """Extra counters for /metrics: ``rate()`` of each over ``rate(engine_steps)``
-        gives host seconds, GPU seconds, rows and prefill positions per step."""
+        """Extra counters for /metrics (``rtserver_engine_<name>_total``): ``rate()`` of
+        each over ``rate(rtserver_engine_steps_total)`` gives host seconds, GPU seconds,
+        rows and prefill positions per step."""
         c = self.counters_
         return {
             "decode_steps": ("Decode steps run (all decoding requests at once)",
                              c.decode_steps),
             "prefill_batches": ("Steps that carried prefill chunks", c.prefill_batches),
-            "engine_steps": ("Engine steps launched (decode and/or prefill)", c.steps),
-            "engine_host_seconds": ("Engine thread wall time per step outside its one wait "
+            "steps": ("Engine steps launched (decode and/or prefill)", c.steps),
+            "host_seconds": ("Engine thread wall time per step outside its one wait "
                                     "on the device (GIL waits included), summed", c.host_s),
-            "engine_host_cpu_seconds": ("Engine thread CPU time per step outside its one wait "
+            "host_cpu_seconds": ("Engine thread CPU time per step outside its one wait "
                                         "on the device, summed", c.host_cpu_s),
-            "engine_gpu_seconds": ("Device time of the engine's steps (first launch to copy "
+            "gpu_seconds": ("Device time of the engine's steps (first launch to copy "
                                    "out), summed", c.gpu_s),
-            "engine_rows": ("Decode rows run, summed over steps", c.rows),
-            "engine_prefill_tokens": ("Prompt positions prefilled", c.prefill_tokens),
-            "engine_prefill_padded_tokens": ("Prompt positions prefilled, padded to the "
+            "rows": ("Decode rows run, summed over steps", c.rows),
+            "prefill_tokens": ("Prompt positions prefilled", c.prefill_tokens),
+            "prefill_padded_tokens": ("Prompt positions prefilled, padded to the "
                                              "graph's shape", c.prefill_padded),
-            "engine_moves": ("KV slots moved to keep the decode batch compact", c.moves),
+            "moves": ("KV slots moved to keep the decode batch compact", c.moves),
         }
 
     def slots_in_use(self) -> int:
