@@ -52,6 +52,7 @@ from rtserver.engine.base import (
     TokenRequest,
 )
 from rtserver.errors import EngineFailed, Overloaded
+from rtserver.voices.chattts.engine.handover import Batch, Handover
 from rtserver.voices.chattts.engine.model import ChatLM
 from rtserver.voices.chattts.engine.runner import (
     FLAG_BAD,
@@ -111,25 +112,12 @@ class _Req:
     request: TokenRequest
     inputs: PrefillInputs
     submitted: float
-    handle: int = -1  # its row in the hand-over arrays (``_Handover``), once running
+    handle: int = -1  # its row in the hand-over arrays (``Handover``), once running
     gen: int = 0  # that row's generation when it was given (a stale row is ignored)
 
 
 # thread -> loop: (request id, codes [n, vq] or None, hidden [n, H] or None, done, error)
 _Event = tuple[str, "np.ndarray | None", "np.ndarray | None", bool, "BaseException | None"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    """A turn's hand-overs in one piece (thread -> loop): request ``rids[j]`` gets
-    rows ``ends[j]:ends[j + 1]`` of ``codes`` (and ``hidden``); the loop splits
-    them, so the engine thread does no Python work per request handed steps."""
-
-    rids: list[str]
-    codes: np.ndarray  # [rows, vq], a fresh gather out of the pinned ring
-    hidden: np.ndarray | None  # [rows, H]
-    ends: list[int]  # len(rids) + 1
-    done: frozenset[str]
 
 
 @dataclass
@@ -148,38 +136,6 @@ class StepCounters:
     gpu_s: float = 0.0  # device time from a step's first launch to its copy out
     wait_s: float = 0.0  # time blocked in the wait
     syncs: int = 0  # host syncs (one per step read back)
-
-
-class _Handover:
-    """What each running request has been sampled but not yet handed, as numpy
-    arrays indexed by a handle (a small int held from a request's first chunk to
-    its end), so a step's rows are read back with a few vector operations instead
-    of Python work per row. Each entry is a (ring, row) place in the pinned ring."""
-
-    def __init__(self, handles: int, hold: int) -> None:
-        self.gen = np.zeros(handles, dtype=np.int64)  # bumped when a handle is freed
-        self.steps = np.zeros(handles, dtype=np.int64)  # steps read back
-        self.held = np.zeros(handles, dtype=np.int64)  # entries held
-        self.ring = np.zeros((handles, hold), dtype=np.int64)
-        self.row = np.zeros((handles, hold), dtype=np.int64)
-        self.req: list[_Req | None] = [None] * handles
-        self.rid: list[str] = [""] * handles
-        self.free = list(range(handles - 1, -1, -1))
-        self.hold = hold
-
-    def give(self, req: _Req) -> None:
-        h = self.free.pop()
-        self.steps[h] = self.held[h] = 0
-        self.req[h] = req
-        self.rid[h] = req.request.request_id
-        req.handle, req.gen = h, int(self.gen[h])
-
-    def take_back(self, req: _Req) -> None:
-        h = req.handle
-        if h >= 0 and self.req[h] is req:
-            self.gen[h] += 1
-            self.req[h] = None
-            self.free.append(h)
 
 
 class TorchCodeEngine:
@@ -205,15 +161,9 @@ class TorchCodeEngine:
         self._text: TextLane | None = None
         self._text_futs: dict[str, asyncio.Future[list[int]]] = {}
         self._n_hidden = 0  # scheduled requests that want hidden states (thread-owned)
-        # hand-overs of this turn (thread-owned): handles in vectors, and (handle, done)
-        self._emit_vec: list[np.ndarray] = []
-        self._emit_one: list[tuple[int, bool]] = []
-        self._ending: list[Seq] = []
-        self._batch: _Batch | None = None  # this turn's hand-overs, posted with its events
-        self._ho: _Handover | None = None
-        self._rows_key: tuple[Seq, ...] | None = None
-        self._rows_hg: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),
-                                                        np.zeros(0, np.int64))
+        self._ho: Handover | None = None  # what each running request is handed (thread-owned)
+        self._ending: list[Seq] = []  # ended this turn, finished after the hand-over
+        self._batch: Batch | None = None  # this turn's hand-overs, posted with its events
         # stats (written by the thread; read by the loop: plain numbers, no locking needed)
         self.counters_ = StepCounters()
         self._running = 0
@@ -278,7 +228,8 @@ class TorchCodeEngine:
             self._sched.config)
         # handles: every slot, plus the rows of one prefill (a request gets its
         # handle at its first chunk and gives it back at its end)
-        self._ho = _Handover(model.slots + c.prefill_rows, max(1, c.stream_interval))
+        self._ho = Handover(model.slots + c.prefill_rows, max(1, c.stream_interval),
+                            c.eager_steps)
         if c.text_slots > 0:
             self._text = TextLane(model, c.text_slots, c.text_max_len)
         if model.device.type == "cuda" and c.cuda_graphs:
@@ -490,7 +441,7 @@ class TorchCodeEngine:
     def slots_in_use(self) -> int:
         return self._running
 
-    def _deliver(self, events: list[_Event], batch: _Batch | None = None) -> None:
+    def _deliver(self, events: list[_Event], batch: Batch | None = None) -> None:
         streams = self._streams
         if batch is not None:
             codes, hidden, ends, done = batch.codes, batch.hidden, batch.ends, batch.done
@@ -529,7 +480,8 @@ class TorchCodeEngine:
                         plan = sched.schedule()
                         for ch in plan.chunks:
                             if ch.start == 0:
-                                self._handover.give(ch.seq.payload)
+                                req: _Req = ch.seq.payload
+                                req.handle, req.gen = self._handover.give(ch.seq.rid)
                         if not plan.empty:
                             try:
                                 rec = runner.launch(plan, self._inputs, self._n_hidden > 0)
@@ -585,14 +537,14 @@ class TorchCodeEngine:
         return req.inputs
 
     @property
-    def _handover(self) -> _Handover:
+    def _handover(self) -> Handover:
         assert self._ho is not None
         return self._ho
 
     def _read(self, rec: Record, out: list[_Event]) -> None:
         """Hand each request its step of ``rec`` (already copied out); finish those
         that ended."""
-        runner = self.runner
+        runner, ho = self.runner, self._handover
         vq, r = runner.vq, rec.ring
         ring = runner.np_ring_i[r]
         plan = rec.plan
@@ -602,35 +554,19 @@ class TorchCodeEngine:
                 self._step_of(ch.seq, r, p0 + i, int(ring[p0 + i, vq]), out)
         b = len(plan.rows)
         if b:
-            self._read_rows(plan.rows, r, ring[:b, vq], out)
-        self._flush(out)
-
-    def _read_rows(self, rows: tuple[Seq, ...], r: int, flags: np.ndarray,
-                   out: list[_Event]) -> None:
-        """The decode rows of a step, as vectors (rows of requests that ended since,
-        by their handle's generation, are skipped)."""
-        ho = self._handover
-        if rows is not self._rows_key:  # the batch changed: its handles
-            self._rows_key = rows
-            self._rows_hg = (np.array([s.payload.handle for s in rows], dtype=np.int64),
-                             np.array([s.payload.gen for s in rows], dtype=np.int64))
-        hs, gs = self._rows_hg
-        ok = ho.gen[hs] == gs
-        if flags.any():  # ended or failed: one by one (few)
-            for i in np.flatnonzero((flags != 0) & ok).tolist():
+            rows = plan.rows
+            hs, gs = ho.rows_of(rows, lambda: ([s.payload.handle for s in rows],
+                                               [s.payload.gen for s in rows]))
+            flags = ring[:b, vq]
+            for i in ho.read_rows(hs, gs, r, flags):
                 self._step_of(rows[i], r, i, int(flags[i]), out)
-            ok &= flags == 0
-        idx = np.flatnonzero(ok)
-        hv = hs[idx]
-        k = ho.held[hv]
-        ho.ring[hv, k] = r
-        ho.row[hv, k] = idx
-        ho.held[hv] = k + 1
-        st = ho.steps[hv] + 1
-        ho.steps[hv] = st
-        emit = hv[(st <= self.config.eager_steps) | (k + 1 >= ho.hold)]
-        if len(emit):
-            self._emit_vec.append(emit)
+        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0
+                               else None)
+        if self._batch is not None:
+            self._gen_tokens += self._batch.ends[-1]
+        for seq in self._ending:
+            self._end(seq)
+        self._ending.clear()
 
     def _step_of(self, seq: Seq, ring: int, row: int, flag: int, out: list[_Event]) -> None:
         """One row read back alone: a prefill's first step, or a flagged decode row."""
@@ -641,51 +577,17 @@ class TorchCodeEngine:
             out.append((rid, None, None, True, EngineFailed(
                 f"request {rid}: the model produced non-finite values")))
             return
-        ho, h = self._handover, req.handle
-        k = int(ho.held[h])
-        ho.ring[h, k], ho.row[h, k] = ring, row
-        ho.held[h] = k + 1
-        ho.steps[h] += 1
         done = bool(flag & FLAG_DONE)
-        if done or ho.steps[h] <= self.config.eager_steps or k + 1 >= ho.hold:
-            self._emit_one.append((h, done))
+        self._handover.hold_one(req.handle, ring, row, done)
         if done:
-            self._ending.append(seq)  # after ``_flush``: it reads the handle
-
-    def _flush(self, out: list[_Event]) -> None:
-        """One gather out of the pinned ring for every request handed steps this
-        turn (fancy indexing copies: nothing handed is a view of the ring), posted
-        as one ``_Batch``."""
-        ho, runner = self._handover, self.runner
-        if self._emit_vec or self._emit_one:
-            parts = [*self._emit_vec,
-                     np.array([h for h, _ in self._emit_one], dtype=np.int64)]
-            e = np.concatenate(parts)
-            n = ho.held[e]
-            mask = np.arange(ho.hold)[None, :] < n[:, None]
-            rings, rows = ho.ring[e][mask], ho.row[e][mask]
-            hidden = runner.np_ring_h[rings, rows] if self._n_hidden > 0 else None
-            ends = np.zeros(len(e) + 1, dtype=np.int64)
-            np.cumsum(n, out=ends[1:])
-            self._batch = _Batch(
-                rids=list(map(ho.rid.__getitem__, e.tolist())),
-                codes=runner.np_ring_i[rings, rows, :runner.vq], hidden=hidden,
-                ends=ends.tolist(),
-                done=frozenset(ho.rid[h] for h, d in self._emit_one if d))
-            ho.held[e] = 0
-            self._gen_tokens += int(ends[-1])
-            self._emit_vec.clear()
-            self._emit_one.clear()
-        for seq in self._ending:
-            self._end(seq)
-        self._ending.clear()
+            self._ending.append(seq)  # after the flush: it reads the handle
 
     def _end(self, seq: Seq) -> None:
         sched = self._sched
         assert sched is not None
         if not seq.done:
             sched.finish(seq)
-            self._handover.take_back(seq.payload)
+            self._handover.take_back(seq.payload.handle, seq.payload.gen)
             if seq.payload.request.want_hidden:
                 self._n_hidden -= 1
 
@@ -715,7 +617,7 @@ class TorchCodeEngine:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._resolve_text, results)
 
-    def _post(self, events: list[_Event], batch: _Batch | None = None) -> None:
+    def _post(self, events: list[_Event], batch: Batch | None = None) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing
