@@ -61,7 +61,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
     engine = TorchCodeEngine(factory, TorchEngineConfig(
         slots=slots, max_len=max_len, cuda_graphs=device.startswith("cuda"), ignore_eos=True,
         **engine_kw), eos_id=cfg.eos_id)
-    if profile:  # the step loop under cProfile (its thread only), stats written at close
+    if profile:  # the step loop under cProfile, stats written at close (Python 3.12's
+        # cProfile sees every thread: the asyncio side shows too)
         import cProfile
         import pstats
 
@@ -180,7 +181,8 @@ def main() -> None:
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "
                    "on CUDA)")
-    p.add_argument("--profile", default="", help="write the step loop's cProfile stats here")
+    p.add_argument("--profile", default="", help="write cProfile stats of the run here (from "
+                   "the step loop's start; on Python 3.12 every thread shows)")
     p.add_argument("--gil-switch-ms", type=float, default=0.0,
                    help="sys.setswitchinterval for this process (0: Python's 5 ms)")
     a = p.parse_args()
