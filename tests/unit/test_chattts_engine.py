@@ -1,10 +1,15 @@
-"""The torch engine on a tiny ChatTTS checkpoint (CPU, float32)."""
+"""The torch engine on a tiny ChatTTS checkpoint (CPU, float32): the seam,
+faults, the refine lane, one host sync per step, and batched output equal to
+each request alone through chunked prefill and compaction."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,22 +178,6 @@ async def test_full_queue_is_overloaded(assets: LmAssets) -> None:
         await task
 
 
-def test_first_segments_go_first(assets: LmAssets) -> None:
-    """With one free slot, a first segment (priority 0) is admitted before a
-    later segment (priority 1) that arrived earlier; the later one waits."""
-    engine = make_engine(assets, slots=1)
-    model = engine._build()
-    engine._model = model
-    for r in (request(assets, "later", "hi", 2, 3, priority=1),
-              request(assets, "first", "hi", 3, 3, priority=0)):
-        engine._inbox.put(("submit", engine._pending(r, model)))
-    engine._take_inbox()
-    out: list[tuple[object, ...]] = []
-    engine._admit(model, out)  # type: ignore[arg-type]
-    assert [e[0] for e in out] == ["first"]  # its first step, from the prefill
-    assert [w[2].request.request_id for w in engine._waiting] == ["later"]
-
-
 async def test_non_finite_fails_only_that_request(assets: LmAssets) -> None:
     async with running(make_engine(assets)) as engine:
         good = request(assets, "good", "hello world", 5, 30)
@@ -305,3 +294,98 @@ async def test_refine_cancel_frees_the_lane(assets: LmAssets) -> None:
         # the one text slot serves the next request
         ids = await asyncio.wait_for(engine.refine(refine_request(assets, "y", "hi", 2)), 10)
         assert ids
+
+
+# Tensor methods that block the host on a CUDA device (read a device value, or
+# copy to the host and wait); the step loop may call none of them.
+SYNCING = ("cpu", "item", "tolist", "numpy", "nonzero", "__bool__", "__int__", "__float__",
+           "__index__", "__array__")
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, thread_name: str) -> Counter[str]:
+    """Count calls, made on the engine thread, of every syncing Tensor method and
+    of blocking ``copy_``s (a copy without ``non_blocking`` waits for the device)."""
+    seen: Counter[str] = Counter()
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name == thread_name:
+                if name != "copy_" or not kwargs.get("non_blocking", False):
+                    seen[name] += 1
+            return fn(self, *args, **kwargs)
+        return inner
+
+    for name in (*SYNCING, "copy_"):
+        monkeypatch.setattr(torch.Tensor, name, wrap(name, getattr(torch.Tensor, name)))
+    return seen
+
+
+async def test_one_host_sync_per_step(assets: LmAssets, monkeypatch: pytest.MonkeyPatch
+                                      ) -> None:
+    """Requests of every kind of step (prefill alone, prefill beside decode,
+    compaction moves, decode alone): the engine thread calls no syncing tensor
+    method and no blocking copy, and waits on the device exactly once per step."""
+    engine = make_engine(assets, slots=3, prefill_chunk=8, chunk_buckets=(8,),
+                         prefill_rows=2, prefill_tokens=16)
+    seen = spy(monkeypatch, f"{engine.name}-engine")
+    reqs = [request(assets, rid, text, seed, steps) for rid, text, seed, steps in TEXTS]
+    async with running(engine):
+        await asyncio.gather(*(collect(engine, r) for r in reqs))
+        c = engine.counters_
+        for _ in range(200):  # the loop reads the last step back after the last delivery
+            if c.syncs == c.steps:
+                break
+            await asyncio.sleep(0.005)
+        assert c.steps > 40 and c.moves > 0 and c.prefill_batches > len(reqs)
+        assert c.syncs == c.steps == engine.runner.waits
+    assert seen == Counter(), seen
+
+
+async def test_batched_equals_alone_through_chunks_and_moves(assets: LmAssets) -> None:
+    """Prompts in 8-position chunks beside decoding rows, three slots for ten
+    requests (so ends are compacted, the last ones wait, and hand-over handles
+    are reused): each gives the codes it gives alone, hidden states within 1e-4."""
+    reqs = [request(assets, f"{rid}{k}", text, seed + 100 * k, steps - 9 * k)
+            for k in range(2) for rid, text, seed, steps in TEXTS]
+    async with running(make_engine(assets, slots=1)) as engine:
+        alone = [await collect(engine, r) for r in reqs]
+    engine = make_engine(assets, slots=3, prefill_chunk=8, chunk_buckets=(8,),
+                         prefill_rows=2, prefill_tokens=16)
+    async with running(engine):
+        together = await asyncio.gather(*(collect(engine, r) for r in reqs))
+        assert engine.counters_.moves > 0
+        assert engine.counters_.prefill_tokens == sum(len(r.prompt_token_ids) for r in reqs)
+    for r, (c1, h1), (c2, h2) in zip(reqs, alone, together, strict=True):
+        assert len(c1) >= 1
+        np.testing.assert_array_equal(c1, c2, err_msg=r.request_id)
+        np.testing.assert_allclose(h1, h2, atol=1e-4, err_msg=r.request_id)
+
+
+async def test_step_counters_on_metrics(assets: LmAssets) -> None:
+    """Rows, prefill positions and host time per step reach /metrics through
+    the engine collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rtserver.engine.base import EngineCollector
+
+    async with running(make_engine(assets, slots=4)) as engine:
+        reqs = [request(assets, rid, text, seed, 20) for rid, text, seed, _ in TEXTS[:4]]
+        await asyncio.gather(*(collect(engine, r) for r in reqs))
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine.stats, engine="chattts",
+                                          extra_counters=engine.counters))
+        text = generate_latest(registry).decode()
+    got = {}
+    for line in text.splitlines():
+        if line.startswith("rtserver_engine_") and '{engine="chattts"}' in line:
+            name, value = line.split('{engine="chattts"} ')
+            got[name] = float(value)
+    prompt = sum(len(r.prompt_token_ids) for r in reqs)
+    assert got["rtserver_engine_prefill_tokens_total"] == prompt
+    # 4 x 20 steps: 4 first steps from the prefill, the rest decode rows (plus
+    # one dropped step per request after its end, at most)
+    assert 4 * 19 <= got["rtserver_engine_rows_total"] <= 4 * 20
+    assert got["rtserver_engine_host_seconds_total"] > 0
+    assert got["rtserver_engine_host_cpu_seconds_total"] > 0
+    assert got["rtserver_engine_steps_total"] >= 19
+    assert got["rtserver_engine_gpu_seconds_total"] == 0  # CPU: no device timer

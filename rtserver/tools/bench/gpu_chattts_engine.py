@@ -3,7 +3,11 @@
 For each level N, N requests of ``steps`` steps start together; per request:
 time to the first step (prefill included) and the step rate after it (real
 time needs 46.875 steps/s: 24 kHz / 512 samples per step). EOS is off, so
-every request runs its steps.
+every request runs its steps. Per level, from the engine's counters: host
+time per step (the engine thread outside its one wait), GPU time per step,
+GPU busy (GPU time over wall time), rows and prefill positions per step, and
+the host syncs the step loop made besides its one wait per step (CUDA's sync
+debug mode, which flags every synchronizing call; expected 0).
 
     python -m rtserver.tools.bench.gpu_chattts_engine --ckpt CK --device cuda --levels 1,64,512
 """
@@ -13,7 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,8 +30,18 @@ STEPS_PER_S = 24000 / 512  # audio steps per second (upstream Vocos hop 256, 2 f
 TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
 
 
-async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list[int],
-                  steps: int) -> dict[str, Any]:
+def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
+    """``"1,64,512x256"`` -> [(1, steps), (64, steps), (512, 256)]: streams, steps each."""
+    out = []
+    for part in text.split(","):
+        n, _, s = part.partition("x")
+        out.append((int(n), int(s) if s else steps))
+    return out
+
+
+async def _levels(ckpt: str, device: str, slots: int, max_len: int,
+                  levels: list[tuple[int, int]], want_hidden: bool = True,
+                  profile: str = "", dtype_name: str = "", **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
@@ -35,15 +51,34 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
 
     assets = load_lm_assets(ckpt)
     cfg = assets.config
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = getattr(torch, dtype_name) if dtype_name else (
+        torch.bfloat16 if device.startswith("cuda") else torch.float32)
 
     def factory() -> ChatLM:
         return ChatLM(cfg, assets.gpt, assets.embed, slots=slots, max_len=max_len,
                       device=device, dtype=dtype)
 
     engine = TorchCodeEngine(factory, TorchEngineConfig(
-        slots=slots, max_len=max_len, cuda_graphs=device.startswith("cuda"), ignore_eos=True),
-        eos_id=cfg.eos_id)
+        slots=slots, max_len=max_len, cuda_graphs=device.startswith("cuda"), ignore_eos=True,
+        **engine_kw), eos_id=cfg.eos_id)
+    if profile:  # the step loop under cProfile, stats written at close (Python 3.12's
+        # cProfile sees every thread: the asyncio side shows too)
+        import cProfile
+        import pstats
+
+        run = engine._run
+
+        def profiled() -> None:
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                run()
+            finally:
+                prof.disable()
+                with open(profile, "w") as f:
+                    pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+
+        engine._run = profiled  # type: ignore[method-assign]
     t0 = time.monotonic()
     await engine.start()
     start_s = time.monotonic() - t0
@@ -51,18 +86,23 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
     vec = np.random.default_rng(0).standard_normal(cfg.hidden_size)
     vec = vec / np.linalg.norm(vec)
     emb = (PromptEmbedding(assets.tokenizer.spk_emb_id, tuple(float(v) for v in vec)),)
-    out: dict[str, Any] = {"device": device, "slots": slots, "max_len": max_len,
-                           "steps": steps, "prompt_positions": len(ids),
-                           "start_s": round(start_s, 2), "levels": []}
+    c = engine.counters_
+    out: dict[str, Any] = {"device": device, "dtype": str(dtype), "slots": slots,
+                           "max_len": max_len,
+                           "prompt_positions": len(ids), "want_hidden": want_hidden,
+                           "engine": {k: v for k, v in engine_kw.items()},
+                           "start_s": round(start_s, 2), "graphs": engine.runner.graphs,
+                           "levels": []}
+    cuda = device.startswith("cuda")
     try:
-        for n in levels:
-            async def one(i: int, n: int = n) -> tuple[float, float, int]:
+        for n, steps in levels:
+            async def one(i: int, n: int = n, steps: int = steps) -> tuple[float, float, int]:
                 req = TokenRequest(request_id=f"l{n}-{i}", prompt_token_ids=ids,
                                    max_tokens=steps,
                                    sampling=SamplingSettings(temperature=0.3, top_p=0.7,
                                                              top_k=20, repetition_penalty=1.05,
                                                              seed=i),
-                                   want_hidden=True, embeddings=emb)
+                                   want_hidden=want_hidden, embeddings=emb)
                 t = time.monotonic()
                 first = last = 0.0
                 got = 0
@@ -74,18 +114,46 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
                     last = now
                 return first, last, got
 
-            t = time.monotonic()
-            res = await asyncio.gather(*(one(i) for i in range(n)))
-            wall = time.monotonic() - t
+            before = {k: getattr(c, k) for k in (
+                "steps", "decode_steps", "rows", "host_s", "host_cpu_s", "gpu_s", "wait_s",
+                "prefill_tokens", "prefill_padded", "moves", "syncs")}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("warn")
+                t = time.monotonic()
+                res = await asyncio.gather(*(one(i) for i in range(n)))
+                wall = time.monotonic() - t
+                await asyncio.sleep(0.05)  # the loop reads the last step back
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)
+                     and "prototype" not in str(w.message)]
+            d = {k: getattr(c, k) - v for k, v in before.items()}
             firsts = np.array([r[0] for r in res]) * 1000
             rates = np.array([(r[2] - 1) / max(r[1] - r[0], 1e-9) for r in res])
+            st = max(d["steps"], 1)
+            # the steady part: every stream decoding (no prefill in the step)
             out["levels"].append({
-                "streams": n, "wall_s": round(wall, 3),
+                "streams": n, "steps": steps, "wall_s": round(wall, 3),
                 "steps_per_s_total": round(sum(r[2] for r in res) / wall, 1),
                 "first_step_ms_p50": round(float(np.percentile(firsts, 50)), 2),
                 "first_step_ms_p99": round(float(np.percentile(firsts, 99)), 2),
                 "steps_per_s_per_stream_min": round(float(rates.min()), 1),
+                "steps_per_s_per_stream_p50": round(float(np.percentile(rates, 50)), 1),
                 "real_time_x_min": round(float(rates.min()) / STEPS_PER_S, 2),
+                "real_time_x_p50": round(float(np.percentile(rates, 50)) / STEPS_PER_S, 2),
+                "engine_steps": d["steps"],
+                "host_ms_per_step": round(1000 * d["host_s"] / st, 3),
+                "host_cpu_ms_per_step": round(1000 * d["host_cpu_s"] / st, 3),
+                "gpu_ms_per_step": round(1000 * d["gpu_s"] / st, 3),
+                "wait_ms_per_step": round(1000 * d["wait_s"] / st, 3),
+                "gpu_busy": round(d["gpu_s"] / wall, 3),
+                "rows_per_decode_step": round(d["rows"] / max(d["decode_steps"], 1), 1),
+                "prefill_tokens_per_step": round(d["prefill_tokens"] / st, 1),
+                "prefill_padded_per_step": round(d["prefill_padded"] / st, 1),
+                "moves": d["moves"], "host_syncs_per_step": round(d["syncs"] / st, 3),
+                "other_syncs_flagged": len(syncs), "other_syncs_sample": syncs[:3],
             })
             print(json.dumps(out["levels"][-1]), flush=True)
     finally:
@@ -94,8 +162,9 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int, levels: list
 
 
 def run_engine_levels(ckpt: str, *, device: str, slots: int, max_len: int, levels: list[int],
-                      steps: int) -> dict[str, Any]:
-    return asyncio.run(_levels(ckpt, device, slots, max_len, levels, steps))
+                      steps: int, want_hidden: bool = True, **engine_kw: Any) -> dict[str, Any]:
+    return asyncio.run(_levels(ckpt, device, slots, max_len, [(n, steps) for n in levels],
+                               want_hidden, **engine_kw))
 
 
 def main() -> None:
@@ -104,12 +173,31 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--slots", type=int, default=512)
     p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--levels", default="1,8,32,64,128,256,512")
-    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--levels", default="1,8,32,64,128,256,512",
+                   help="streams per level; NxS: N streams of S steps")
+    p.add_argument("--steps", type=int, default=64, help="steps per request (levels without x)")
+    p.add_argument("--no-hidden", action="store_true", help="requests want no hidden states")
+    p.add_argument("--prefill-tokens", type=int, default=0, help="0: the engine's default")
+    p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "
+                   "on CUDA)")
+    p.add_argument("--profile", default="", help="write cProfile stats of the run here (from "
+                   "the step loop's start; on Python 3.12 every thread shows)")
+    p.add_argument("--gil-switch-ms", type=float, default=0.0,
+                   help="sys.setswitchinterval for this process (0: Python's 5 ms)")
     a = p.parse_args()
-    res = run_engine_levels(a.ckpt, device=a.device, slots=a.slots, max_len=a.max_len,
-                            levels=[int(x) for x in a.levels.split(",")], steps=a.steps)
-    print(json.dumps(res, indent=1))
+    if a.gil_switch_ms > 0:
+        sys.setswitchinterval(a.gil_switch_ms / 1000)
+    kw = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
+    res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
+                              parse_levels(a.levels, a.steps), not a.no_hidden,
+                              a.profile, a.dtype, **kw))
+    res["gil_switch_ms"] = sys.getswitchinterval() * 1000
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -25,12 +25,14 @@ from rtserver.engine.base import PromptEmbedding, SamplingSettings, TokenRequest
 from rtserver.voices.chattts.assets import load_lm_assets
 from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
 from rtserver.voices.chattts.engine.model import ChatLM
+from rtserver.voices.chattts.engine.runner import ModelRunner
+from rtserver.voices.chattts.engine.scheduler import Seq
 
 
-def _state(engine: TorchCodeEngine, model: ChatLM) -> list[torch.Tensor]:
-    return [engine._codes_in, engine._pos, engine._step, engine._hist, engine._codes_out,
-            engine._hidden_out, engine._bad, engine._temp, engine._top_p, engine._top_k,
-            engine._penalty, engine._seed, engine._min_new, model.k_cache, model.v_cache]
+def _state(runner: ModelRunner) -> list[torch.Tensor]:
+    m = runner.model
+    return [runner.istate, runner.fstate, runner.hist, runner.out_i, runner.out_h,
+            m.k_cache, m.v_cache]
 
 
 def _sync(dev: torch.device) -> None:
@@ -92,6 +94,8 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
     model = engine._build()
     engine._model = model
     build_s = time.monotonic() - t0
+    runner, sched = engine.runner, engine._sched
+    assert sched is not None
     gen = torch.Generator().manual_seed(0)
     spk = torch.randn(cfg.hidden_size, generator=gen)
     spk = spk / spk.norm()
@@ -105,62 +109,55 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
                            embeddings=(PromptEmbedding(tok.spk_emb_id,
                                                        tuple(spk.tolist())),))
         p = engine._pending(req, model)
-        engine._waiting.append((0, i, p))
-    out: list[Any] = []
-    while engine._waiting:
-        engine._admit(model, out)
-    errors = [e for e in out if e[4] is not None]
-    if errors:
-        raise SystemExit(f"prefill failed: {errors[0][4]}")
+        sched.add(Seq(rid=req.request_id, prompt_len=len(ids), payload=p))
+    while sched.decoding < batch:  # prefill everyone (the plans' decode rows run too)
+        runner.wait(runner.launch(sched.schedule(), engine._inputs, True))
     dev = model.device
     b, length = batch, max_len
     worst_h = {"graph_vs_eager": 0.0, "alone_vs_batched": 0.0}
     diff_codes = {"graph_vs_eager": 0, "alone_vs_batched": 0}
     times: dict[str, float] = {"eager": 0.0, "graph": 0.0, "alone": 0.0}
-    graph = engine._graphs.get((b, length))
+    graph = runner._decode_graphs.get((b, length))
+    vq = runner.vq
     for _ in range(steps):
-        saved = [t.clone() for t in _state(engine, model)]
+        saved = [t.clone() for t in _state(runner)]
         _sync(dev)
         t = time.monotonic()
-        engine._step_rows(model, b, length)
+        runner._decode(b, length)
         _sync(dev)
         times["eager"] += time.monotonic() - t
-        eager_h = engine._hidden_out[:b].clone()
-        eager_c = engine._codes_out[:b].clone()
-        after = [x.clone() for x in _state(engine, model)]
+        eager_h = runner.out_h[:b].clone()
+        eager_c = runner.out_i[:b, :vq].clone()
+        after = [x.clone() for x in _state(runner)]
         if graph is not None:
-            for dst, src in zip(_state(engine, model), saved, strict=True):
+            for dst, src in zip(_state(runner), saved, strict=True):
                 dst.copy_(src)
             _sync(dev)
             t = time.monotonic()
             graph.replay()
-            if not engine._graph_samples:
-                engine._sample_rows(model, b)
             _sync(dev)
             times["graph"] += time.monotonic() - t
             worst_h["graph_vs_eager"] = max(worst_h["graph_vs_eager"], float(
-                (engine._hidden_out[:b] - eager_h).abs().max()))
-            diff_codes["graph_vs_eager"] += int((engine._codes_out[:b] != eager_c).sum())
+                (runner.out_h[:b] - eager_h).abs().max()))
+            diff_codes["graph_vs_eager"] += int((runner.out_i[:b, :vq] != eager_c).sum())
         if alone:
             for row in range(b):
                 # row alone: move its state to slot 0 of a batch of one
-                for dst, src in zip(_state(engine, model), saved, strict=True):
+                for dst, src in zip(_state(runner), saved, strict=True):
                     dst.copy_(src)
-                for name in ("_codes_in", "_pos", "_step", "_hist", "_temp", "_top_p",
-                             "_top_k", "_penalty", "_seed", "_min_new"):
-                    buf = getattr(engine, name)
+                for buf in (runner.istate, runner.fstate, runner.hist):
                     buf[0] = buf[row].clone()
                 model.k_cache[:, 0] = model.k_cache[:, row].clone()
                 model.v_cache[:, 0] = model.v_cache[:, row].clone()
                 t = time.monotonic()
-                engine._step_rows(model, 1, length)
+                runner._decode(1, length)
                 _sync(dev)
                 times["alone"] += time.monotonic() - t
                 worst_h["alone_vs_batched"] = max(worst_h["alone_vs_batched"], float(
-                    (engine._hidden_out[0] - eager_h[row]).abs().max()))
-                diff_codes["alone_vs_batched"] += int((engine._codes_out[0] != eager_c[row])
+                    (runner.out_h[0] - eager_h[row]).abs().max()))
+                diff_codes["alone_vs_batched"] += int((runner.out_i[0, :vq] != eager_c[row])
                                                       .sum())
-        for dst, src in zip(_state(engine, model), after, strict=True):
+        for dst, src in zip(_state(runner), after, strict=True):
             dst.copy_(src)
     n = steps * b * cfg.num_vq
     hf_ms = fwd_ms = None
@@ -171,8 +168,8 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
         for _ in range(steps):
             _sync(dev)
             t = time.monotonic()
-            model.decode(engine._codes_in[:b], engine._pos[:b], 256 if max_len >= 256
-                         else max_len)
+            model.decode(runner.istate[:b, :vq], runner.istate[:b, runner.POS],
+                         256 if max_len >= 256 else max_len)
             _sync(dev)
             total += time.monotonic() - t
         fwd_ms = round(1000 * total / steps, 3)
@@ -181,8 +178,7 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
         "forward_ms_per_step": {"ours_eager": fwd_ms, "transformers_llama": hf_ms}
         if compare_hf else None,
         "device": str(dev), "dtype": dtype, "batch": b, "length_bucket": length,
-        "steps": steps, "build_s": round(build_s, 2), "graphs": len(engine._graphs),
-        "graphs_hold_sampler": engine._graph_samples if engine._graphs else None,
+        "steps": steps, "build_s": round(build_s, 2), "graphs": runner.graphs,
         "max_abs_diff_hidden": {k: v for k, v in worst_h.items()
                                 if (k == "graph_vs_eager" and graph is not None)
                                 or (k == "alone_vs_batched" and alone)},

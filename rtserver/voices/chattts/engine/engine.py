@@ -1,42 +1,44 @@
 """A continuous-batching torch engine for multi-codebook LMs (ChatTTS' GPT).
 
-One engine per process. Its step loop runs in its own thread (torch releases
-the GIL in its kernels) and owns the model, the KV slots and the schedule;
+One engine per process, three parts:
+
+- ``scheduler.py`` (pure Python): admission by priority then arrival, the
+  prefill token budget (chunked prefill), the slot pool, compaction;
+- ``runner.py`` (torch): device state, CUDA graphs, sampling and stop
+  detection on the device, one non-blocking copy out per step;
+- this module: the ``TokenEngine[CodeDelta]`` seam and the step loop.
+
+The step loop runs in its own thread (torch releases the GIL in its kernels);
 the asyncio side only submits, aborts and reads results, which arrive once
-per step through ``loop.call_soon_threadsafe``.
+per step through ``loop.call_soon_threadsafe``. Each turn of the loop:
 
-Each turn of the loop:
+1. takes what arrived (new requests, aborts, refine jobs);
+2. asks the scheduler for a plan and launches it (moves, one decode step for
+   every decoding request, prefill chunks under the budget) without waiting;
+3. waits for the *previous* step's copy (the step's one host sync, while the
+   GPU runs this one: vLLM's async scheduling) and hands each request its
+   codes: its first ``eager_steps`` steps one by one (the first audio waits
+   on them), later ones in blocks of ``stream_interval``.
 
-1. takes what arrived (new requests into a queue ordered by priority, then
-   arrival: a context's first segment before later ones; aborts free their
-   slot before the next step runs);
-2. admits waiting requests while slots are free, at most ``prefill_tokens``
-   prompt positions per turn, and prefills them in one padded batch, whose
-   last positions give each its first step;
-3. runs one decode step for every live slot: rows ``0..B-1`` with ``B``
-   rounded up to a batch bucket and attention over a length bucket, a CUDA
-   graph per ``(B, L)`` on the GPU (bf16), eager on the CPU (float32);
-4. hands each request its step: 4 codes and, if it asked, the hidden state.
-
-A request ends at a stop id in any codebook (upstream ChatTTS), at its step
-budget, or at the end of its slot. Faults stay with their requests: a row
-whose hidden state is not finite fails that request; an out-of-memory error
-in a prefill fails the requests of that prefill; a full queue is
-``Overloaded`` with ``retry_after_ms``.
+A request ends at a stop id or EOS in any codebook (upstream ChatTTS), at its
+step budget, or at the end of its slot; the device flags it, and the request
+runs one more step whose output is dropped (the price of not waiting).
+Faults stay with their requests: a row whose hidden state is not finite fails
+that request; an error in a step fails the requests of that step; a full
+queue is ``Overloaded`` with ``retry_after_ms``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 import queue
 import random
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,10 +51,20 @@ from rtserver.engine.base import (
     HistogramAccumulator,
     TokenRequest,
 )
-from rtserver.engine.capture_streams import capture_stream
 from rtserver.errors import EngineFailed, Overloaded
+from rtserver.voices.chattts.engine.handover import Batch, Handover
 from rtserver.voices.chattts.engine.model import ChatLM
-from rtserver.voices.chattts.engine.sampling import PENALTY_WINDOW, sample_codes
+from rtserver.voices.chattts.engine.runner import (
+    FLAG_BAD,
+    FLAG_DONE,
+    MAX_STOPS,
+    ModelRunner,
+    PrefillInputs,
+    Record,
+    RunnerConfig,
+)
+from rtserver.voices.chattts.engine.sampling import PENALTY_WINDOW
+from rtserver.voices.chattts.engine.scheduler import Scheduler, SchedulerConfig, Seq
 from rtserver.voices.chattts.engine.text_lane import TextJob, TextLane, TextResult
 
 log = logging.getLogger(__name__)
@@ -70,7 +82,13 @@ class TorchEngineConfig:
     cuda_graphs: bool = True  # GPU only
     batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS
     length_buckets: tuple[int, ...] = DEFAULT_LENGTH_BUCKETS
-    prefill_tokens: int = 4096  # prompt positions prefilled per turn (padded)
+    # Chunked prefill: at most this many padded prompt positions (rows bucket x
+    # chunk bucket) join a step, so a new request delays the running ones by
+    # one bounded graph, never by an eager prefill.
+    prefill_tokens: int = 1024
+    prefill_chunk: int = 256  # prompt positions per request per step
+    prefill_rows: int = 16  # requests prefilled per step
+    chunk_buckets: tuple[int, ...] = (32, 64, 128, 256)
     max_waiting: int = 4096  # queued requests beyond this are refused (overloaded)
     max_queue_s: float = 10.0  # a request queued longer fails (overloaded)
     retry_after_ms: int = 500
@@ -89,29 +107,35 @@ class TorchEngineConfig:
     text_max_len: int = 512
 
 
-@dataclass
-class _Pending:
+@dataclass(eq=False)
+class _Req:
     request: TokenRequest
-    ids: torch.Tensor  # prompt ids, CPU int64
-    vector: torch.Tensor | None  # replaces the prompt's ``inject_id`` positions
-    inject_id: int | None
-    seed: int
+    inputs: PrefillInputs
     submitted: float
-
-
-@dataclass
-class _Live:
-    pending: _Pending
-    slot: int
-    steps: int = 0
-    length: int = 0  # positions in the cache
-    # steps sampled but not yet handed over (stream_interval)
-    held_codes: list[np.ndarray] = field(default_factory=list)
-    held_hidden: list[np.ndarray] = field(default_factory=list)
+    handle: int = -1  # its row in the hand-over arrays (``Handover``), once running
+    gen: int = 0  # that row's generation when it was given (a stale row is ignored)
 
 
 # thread -> loop: (request id, codes [n, vq] or None, hidden [n, H] or None, done, error)
 _Event = tuple[str, "np.ndarray | None", "np.ndarray | None", bool, "BaseException | None"]
+
+
+@dataclass
+class StepCounters:
+    """What the step loop did (thread-written plain numbers; /metrics reads them)."""
+
+    steps: int = 0  # steps launched (decode and/or prefill)
+    decode_steps: int = 0
+    prefill_batches: int = 0
+    rows: int = 0  # decode rows run, summed over steps
+    prefill_tokens: int = 0  # prompt positions prefilled
+    prefill_padded: int = 0  # the same, padded to the graph's shape
+    moves: int = 0  # slots moved by compaction
+    host_s: float = 0.0  # engine thread wall time per step, outside its one wait
+    host_cpu_s: float = 0.0  # engine thread CPU time per step, outside its one wait
+    gpu_s: float = 0.0  # device time from a step's first launch to its copy out
+    wait_s: float = 0.0  # time blocked in the wait
+    syncs: int = 0  # host syncs (one per step read back)
 
 
 class TorchCodeEngine:
@@ -125,6 +149,8 @@ class TorchCodeEngine:
         self.name = name
         self._factory = model_factory
         self._model: ChatLM | None = None
+        self._runner: ModelRunner | None = None
+        self._sched: Scheduler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -132,19 +158,14 @@ class TorchCodeEngine:
         self._stop = False
         self._streams: dict[str, asyncio.Queue[_Event]] = {}
         self._dead: BaseException | None = None
-        # thread-owned
-        self._waiting: list[tuple[int, int, _Pending]] = []
-        self._seq = itertools.count()
-        self._live: dict[int, _Live] = {}
-        self._by_id: dict[str, _Live] = {}
-        self._free: list[int] = []
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._text: TextLane | None = None
-        self._graph_samples = True  # the graphs hold the sampler too (else forward only)
         self._text_futs: dict[str, asyncio.Future[list[int]]] = {}
-        # stats (written by the thread; read by the loop: plain ints, no locking needed)
-        self.steps_total = 0
-        self.prefills_total = 0
+        self._n_hidden = 0  # scheduled requests that want hidden states (thread-owned)
+        self._ho: Handover | None = None  # what each running request is handed (thread-owned)
+        self._ending: list[Seq] = []  # ended this turn, finished after the hand-over
+        self._batch: Batch | None = None  # this turn's hand-overs, posted with its events
+        # stats (written by the thread; read by the loop: plain numbers, no locking needed)
+        self.counters_ = StepCounters()
         self._running = 0
         self._n_waiting = 0
         self._requests = 0
@@ -164,7 +185,23 @@ class TorchCodeEngine:
             raise EngineFailed("the torch engine is not started")
         return self._model
 
+    @property
+    def runner(self) -> ModelRunner:
+        if self._runner is None:
+            raise EngineFailed("the torch engine is not started")
+        return self._runner
+
+    @property
+    def steps_total(self) -> int:
+        return self.counters_.decode_steps
+
+    @property
+    def prefills_total(self) -> int:
+        return self.counters_.prefill_batches
+
     async def start(self) -> None:
+        """Load the model and capture every step shape (decode and prefill) before
+        returning: no shape is first seen under traffic."""
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
@@ -174,15 +211,29 @@ class TorchCodeEngine:
         self._thread.start()
 
     def _build(self) -> ChatLM:
+        c = self.config
         model = self._factory()
-        slots = model.slots
-        self._free = list(range(slots))
-        heapq.heapify(self._free)
-        self._alloc_state(model)
-        if self.config.text_slots > 0:
-            self._text = TextLane(model, self.config.text_slots, self.config.text_max_len)
-        if model.device.type == "cuda" and self.config.cuda_graphs:
-            self._capture_graphs(model)
+        chunk = min(c.prefill_chunk, model.max_len)
+        self._sched = Scheduler(SchedulerConfig(
+            slots=model.slots, max_len=model.max_len, prefill_tokens=c.prefill_tokens,
+            max_chunk=chunk, max_prefill_rows=c.prefill_rows,
+            chunk_buckets=tuple(sorted({min(b, chunk) for b in c.chunk_buckets})),
+            row_buckets=(*(b for b in (1, 2, 4, 8, 16, 32, 64) if b < c.prefill_rows),
+                         c.prefill_rows),
+            length_buckets=c.length_buckets))
+        self._runner = ModelRunner(model, RunnerConfig(
+            eos_id=self.eos_id, graphs=c.cuda_graphs, batch_buckets=c.batch_buckets,
+            min_new_steps=c.min_new_steps, ignore_eos=c.ignore_eos,
+            penalty_window=c.penalty_window, ring=max(1, c.stream_interval) + 3),
+            self._sched.config)
+        # handles: every slot, plus the rows of one prefill (a request gets its
+        # handle at its first chunk and gives it back at its end)
+        self._ho = Handover(model.slots + c.prefill_rows, max(1, c.stream_interval),
+                            c.eager_steps)
+        if c.text_slots > 0:
+            self._text = TextLane(model, c.text_slots, c.text_max_len)
+        if model.device.type == "cuda" and c.cuda_graphs:
+            self._runner.capture(self._clock.now)
         return model
 
     async def close(self) -> None:
@@ -262,7 +313,7 @@ class TorchCodeEngine:
                 self._inbox.put(("abort", rid))
                 self._wake.set()
 
-    def _pending(self, request: TokenRequest, model: ChatLM) -> _Pending:
+    def _pending(self, request: TokenRequest, model: ChatLM) -> _Req:
         n = len(request.prompt_token_ids)
         if n == 0:
             raise EngineFailed("empty prompt")
@@ -273,23 +324,32 @@ class TorchCodeEngine:
                                f"{model.max_len}")
         if request.mask is not None:
             raise EngineFailed("the torch engine does not take token masks")
-        ids = torch.tensor(request.prompt_token_ids, dtype=torch.int64)
+        if len(request.stop_token_ids) > MAX_STOPS:
+            raise EngineFailed(f"the torch engine checks at most {MAX_STOPS} stop ids")
+        ids = np.asarray(request.prompt_token_ids, dtype=np.int64)
         if int(ids.min()) < 0 or int(ids.max()) >= model.cfg.num_text_tokens:
             raise EngineFailed("prompt id out of the text vocabulary")
-        vector = inject = None
+        vector = None
+        inject = -1
         if len(request.embeddings) > 1:
             raise EngineFailed("the torch engine takes one prompt embedding")
         for emb in request.embeddings:
             if len(emb.vector) != model.cfg.hidden_size:
                 raise EngineFailed(f"prompt embedding of {len(emb.vector)} values, the model "
                                    f"needs {model.cfg.hidden_size}")
-            vector = torch.tensor(emb.vector, dtype=torch.float32)
+            vector = np.asarray(emb.vector, dtype=np.float32)
             inject = emb.token_id
         seed = request.sampling.seed
         if seed is None:
             seed = random.getrandbits(31)
-        return _Pending(request=request, ids=ids, vector=vector, inject_id=inject,
-                        seed=int(seed), submitted=self._clock.now())
+        s = request.sampling
+        stops = tuple(request.stop_token_ids) + (-1,) * (MAX_STOPS - len(request.stop_token_ids))
+        inputs = PrefillInputs(
+            ids=ids, vector=vector, inject_id=inject, seed=int(seed) & (2**62 - 1),
+            min_new=(1 << 40) if self.config.ignore_eos else self.config.min_new_steps,
+            top_k=int(s.top_k), max_steps=request.max_tokens, stops=stops,
+            sampling=(max(s.temperature, 1e-5), s.top_p, s.repetition_penalty))
+        return _Req(request=request, inputs=inputs, submitted=self._clock.now())
 
     async def refine(self, request: TokenRequest) -> list[int]:
         """Generate text ids (the refine-text lane): ``prompt_token_ids`` are text
@@ -356,17 +416,43 @@ class TorchCodeEngine:
             ttft=self._ttft.snapshot(), t7=self._t7.snapshot(), t28=self._t28.snapshot())
 
     def counters(self) -> dict[str, tuple[str, float]]:
-        """Extra counters for /metrics (``rate()`` of steps is steps per second)."""
-        return {"decode_steps": ("Decode steps run (all live requests at once)",
-                                 self.steps_total),
-                "prefill_batches": ("Prefill batches run", self.prefills_total)}
+        """Extra counters for /metrics (``rtserver_engine_<name>_total``): ``rate()`` of
+        each over ``rate(rtserver_engine_steps_total)`` gives host seconds, GPU seconds,
+        rows and prefill positions per step."""
+        c = self.counters_
+        return {
+            "decode_steps": ("Decode steps run (all decoding requests at once)",
+                             c.decode_steps),
+            "prefill_batches": ("Steps that carried prefill chunks", c.prefill_batches),
+            "steps": ("Engine steps launched (decode and/or prefill)", c.steps),
+            "host_seconds": ("Engine thread wall time per step outside its one wait "
+                                    "on the device (GIL waits included), summed", c.host_s),
+            "host_cpu_seconds": ("Engine thread CPU time per step outside its one wait "
+                                        "on the device, summed", c.host_cpu_s),
+            "gpu_seconds": ("Device time of the engine's steps (first launch to copy "
+                                   "out), summed", c.gpu_s),
+            "rows": ("Decode rows run, summed over steps", c.rows),
+            "prefill_tokens": ("Prompt positions prefilled", c.prefill_tokens),
+            "prefill_padded_tokens": ("Prompt positions prefilled, padded to the "
+                                             "graph's shape", c.prefill_padded),
+            "moves": ("KV slots moved to keep the decode batch compact", c.moves),
+        }
 
     def slots_in_use(self) -> int:
         return self._running
 
-    def _deliver(self, events: list[_Event]) -> None:
+    def _deliver(self, events: list[_Event], batch: Batch | None = None) -> None:
+        streams = self._streams
+        if batch is not None:
+            codes, hidden, ends, done = batch.codes, batch.hidden, batch.ends, batch.done
+            for j, rid in enumerate(batch.rids):
+                q = streams.get(rid)
+                if q is not None:
+                    a, z = ends[j], ends[j + 1]
+                    q.put_nowait((rid, codes[a:z], hidden[a:z] if hidden is not None else None,
+                                  rid in done, None))
         for ev in events:
-            q = self._streams.get(ev[0])
+            q = streams.get(ev[0])
             if q is not None:
                 q.put_nowait(ev)
 
@@ -374,36 +460,146 @@ class TorchCodeEngine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        model = self.model
+        runner = self.runner
+        stream = (torch.cuda.stream(runner.stream) if runner.stream is not None
+                  else contextlib.nullcontext())
+        sched = self._sched
+        assert sched is not None
+        c = self.counters_
+        prev: Record | None = None
         try:
-            while not self._stop:
-                self._take_inbox()
-                self._running = len(self._live)
-                self._n_waiting = len(self._waiting)
-                text = self._text is not None and self._text.busy
-                if not self._live and not self._waiting and not text:
-                    self._wake.wait(0.05)
-                    self._wake.clear()
-                    continue
-                out: list[_Event] = []
-                self._expire_waiting(out)
-                self._admit(model, out)
-                if self._live:
-                    self._decode(model, out)
-                if text:
-                    self._text_turn()
-                self._running = len(self._live)
-                self._n_waiting = len(self._waiting)
-                if out:
-                    self._post(out)
+            with stream:
+                while not self._stop:
+                    t0 = time.perf_counter()
+                    cpu0 = time.thread_time()
+                    self._take_inbox()
+                    out: list[_Event] = []
+                    self._expire_waiting(out)
+                    rec = None
+                    if not sched.idle:
+                        plan = sched.schedule()
+                        for ch in plan.chunks:
+                            if ch.start == 0:
+                                req: _Req = ch.seq.payload
+                                req.handle, req.gen = self._handover.give(ch.seq.rid)
+                        if not plan.empty:
+                            try:
+                                rec = runner.launch(plan, self._inputs, self._n_hidden > 0)
+                            except Exception as exc:  # OOM, or a bug in a shape
+                                log.exception("engine step failed")
+                                self._fail_plan(plan, out, exc)
+                    text = self._text is not None and self._text.busy
+                    if text:
+                        self._text_turn()
+                    waited = cpu_waited = 0.0
+                    if prev is not None:
+                        tw, cw = time.perf_counter(), time.thread_time()
+                        c.gpu_s += runner.wait(prev)
+                        waited = time.perf_counter() - tw
+                        cpu_waited = time.thread_time() - cw  # CUDA spins in the wait
+                        c.wait_s += waited
+                        c.syncs += 1
+                        self._read(prev, out)
+                    prev = rec
+                    self._running = sched.running
+                    self._n_waiting = sched.waiting
+                    batch, self._batch = self._batch, None
+                    if out or batch is not None:
+                        self._post(out, batch)
+                    if rec is not None:
+                        self._count(rec, time.perf_counter() - t0 - waited,
+                                    time.thread_time() - cpu0 - cpu_waited)
+                    elif not text:
+                        self._wake.wait(0.05)
+                        self._wake.clear()
         except BaseException as exc:  # a bug in the loop itself: fail everything
             log.exception("torch engine loop died")
             self._dead = exc
-            out = [(lv.pending.request.request_id, None, None, True,
-                    EngineFailed(f"the engine died: {exc}")) for lv in self._live.values()]
-            out += [(p.request.request_id, None, None, True,
-                     EngineFailed(f"the engine died: {exc}")) for _, _, p in self._waiting]
-            self._post(out)
+            err = EngineFailed(f"the engine died: {exc}")
+            self._post([(rid, None, None, True, err) for rid in list(self._streams)])
+
+    def _count(self, rec: Record, host_s: float, host_cpu_s: float) -> None:
+        c, plan = self.counters_, rec.plan
+        c.steps += 1
+        c.host_s += host_s
+        c.host_cpu_s += host_cpu_s
+        if plan.rows:
+            c.decode_steps += 1
+            c.rows += len(plan.rows)
+        if plan.chunks:
+            c.prefill_batches += 1
+            c.prefill_tokens += sum(ch.length for ch in plan.chunks)
+            c.prefill_padded += plan.prefill_tokens
+        c.moves += len(plan.moves)
+
+    def _inputs(self, seq: Seq) -> PrefillInputs:
+        req: _Req = seq.payload
+        return req.inputs
+
+    @property
+    def _handover(self) -> Handover:
+        assert self._ho is not None
+        return self._ho
+
+    def _read(self, rec: Record, out: list[_Event]) -> None:
+        """Hand each request its step of ``rec`` (already copied out); finish those
+        that ended."""
+        runner, ho = self.runner, self._handover
+        vq, r = runner.vq, rec.ring
+        ring = runner.np_ring_i[r]
+        plan = rec.plan
+        p0 = runner.p0
+        for i, ch in enumerate(plan.chunks):
+            if ch.final and not ch.seq.done:
+                self._step_of(ch.seq, r, p0 + i, int(ring[p0 + i, vq]), out)
+        b = len(plan.rows)
+        if b:
+            rows = plan.rows
+            hs, gs = ho.rows_of(rows, lambda: ([s.payload.handle for s in rows],
+                                               [s.payload.gen for s in rows]))
+            flags = ring[:b, vq]
+            for i in ho.read_rows(hs, gs, r, flags):
+                self._step_of(rows[i], r, i, int(flags[i]), out)
+        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0
+                               else None)
+        if self._batch is not None:
+            self._gen_tokens += self._batch.ends[-1]
+        for seq in self._ending:
+            self._end(seq)
+        self._ending.clear()
+
+    def _step_of(self, seq: Seq, ring: int, row: int, flag: int, out: list[_Event]) -> None:
+        """One row read back alone: a prefill's first step, or a flagged decode row."""
+        req: _Req = seq.payload
+        rid = req.request.request_id
+        if flag & FLAG_BAD:
+            self._end(seq)
+            out.append((rid, None, None, True, EngineFailed(
+                f"request {rid}: the model produced non-finite values")))
+            return
+        done = bool(flag & FLAG_DONE)
+        self._handover.hold_one(req.handle, ring, row, done)
+        if done:
+            self._ending.append(seq)  # after the flush: it reads the handle
+
+    def _end(self, seq: Seq) -> None:
+        sched = self._sched
+        assert sched is not None
+        if not seq.done:
+            sched.finish(seq)
+            self._handover.take_back(seq.payload.handle, seq.payload.gen)
+            if seq.payload.request.want_hidden:
+                self._n_hidden -= 1
+
+    def _fail_plan(self, plan: Any, out: list[_Event], exc: Exception) -> None:
+        why = (f"out of GPU memory in a step: {exc}" if isinstance(exc, torch.OutOfMemoryError)
+               else f"engine step failed: {type(exc).__name__}: {exc}")
+        for seq in {id(s): s for s in (*plan.rows, *(ch.seq for ch in plan.chunks))}.values():
+            if not seq.done:
+                self._end(seq)
+                out.append((seq.rid, None, None, True, EngineFailed(why)))
+        if self.model.device.type == "cuda" and isinstance(exc, torch.OutOfMemoryError):
+            torch.cuda.empty_cache()
 
     def _text_turn(self) -> None:
         lane = self._text
@@ -421,304 +617,44 @@ class TorchCodeEngine:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._resolve_text, results)
 
-    def _post(self, events: list[_Event]) -> None:
+    def _post(self, events: list[_Event], batch: Batch | None = None) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing
-                loop.call_soon_threadsafe(self._deliver, events)
+                loop.call_soon_threadsafe(self._deliver, events, batch)
 
     def _take_inbox(self) -> None:
+        sched = self._sched
+        assert sched is not None
         while True:
             try:
                 kind, item = self._inbox.get_nowait()
             except queue.Empty:
                 return
             if kind == "submit":
-                p: _Pending = item
-                heapq.heappush(self._waiting, (p.request.priority, next(self._seq), p))
+                req: _Req = item
+                sched.add(Seq(rid=req.request.request_id, prompt_len=len(req.inputs.ids),
+                              priority=req.request.priority, submitted=req.submitted,
+                              payload=req))
+                if req.request.want_hidden:
+                    self._n_hidden += 1
             elif kind == "text" and self._text is not None:
                 self._text.waiting.append(item)
             elif kind == "abort_text" and self._text is not None:
                 self._text.drop(str(item))
             else:
-                self._drop(str(item))
-
-    def _drop(self, rid: str) -> None:
-        live = self._by_id.pop(rid, None)
-        if live is not None:
-            self._live.pop(live.slot, None)
-            heapq.heappush(self._free, live.slot)
-            return
-        before = len(self._waiting)
-        self._waiting = [w for w in self._waiting if w[2].request.request_id != rid]
-        if len(self._waiting) != before:
-            heapq.heapify(self._waiting)
+                found = sched.get(str(item))
+                if found is not None:
+                    self._end(found)
 
     def _expire_waiting(self, out: list[_Event]) -> None:
-        if not self._waiting or self._free:
+        sched = self._sched
+        assert sched is not None
+        if not sched.waiting:
             return
-        limit = self._clock.now() - self.config.max_queue_s
-        keep = []
-        for w in self._waiting:
-            if w[2].submitted < limit:
-                out.append((w[2].request.request_id, None, None, True, Overloaded(
-                    f"no engine slot free for {self.config.max_queue_s:g} s",
-                    retry_after_ms=self.config.retry_after_ms)))
-            else:
-                keep.append(w)
-        if len(keep) != len(self._waiting):
-            self._waiting = keep
-            heapq.heapify(self._waiting)
-
-    def _finish(self, live: _Live) -> None:
-        self._live.pop(live.slot, None)
-        self._by_id.pop(live.pending.request.request_id, None)
-        heapq.heappush(self._free, live.slot)
-
-    # --- state -----------------------------------------------------------------
-
-    def _alloc_state(self, model: ChatLM) -> None:
-        s, dev, vq = model.slots, model.device, model.cfg.num_vq
-        self._codes_in = torch.zeros((s, vq), dtype=torch.int64, device=dev)
-        self._pos = torch.zeros(s, dtype=torch.int64, device=dev)
-        self._step = torch.zeros(s, dtype=torch.int64, device=dev)
-        self._seed = torch.zeros(s, dtype=torch.int64, device=dev)
-        self._min_new = torch.zeros(s, dtype=torch.int64, device=dev)
-        self._temp = torch.ones(s, dtype=torch.float32, device=dev)
-        self._top_p = torch.ones(s, dtype=torch.float32, device=dev)
-        self._top_k = torch.zeros(s, dtype=torch.int64, device=dev)
-        self._penalty = torch.ones(s, dtype=torch.float32, device=dev)
-        self._hist = torch.full((s, vq, self.config.penalty_window),
-                                model.cfg.num_audio_tokens, dtype=torch.int64, device=dev)
-        self._codes_out = torch.zeros((s, vq), dtype=torch.int64, device=dev)
-        self._hidden_out = torch.zeros((s, model.cfg.hidden_size), dtype=torch.float32,
-                                       device=dev)
-        self._bad = torch.zeros(s, dtype=torch.bool, device=dev)
-
-    def _reset_state(self, model: ChatLM) -> None:
-        for t in (self._codes_in, self._pos, self._step, self._seed, self._min_new,
-                  self._top_k, self._codes_out, self._hidden_out, self._bad):
-            t.zero_()
-        for t in (self._temp, self._top_p, self._penalty):
-            t.fill_(1.0)
-        self._hist.fill_(model.cfg.num_audio_tokens)
-
-    def _sample(self, model: ChatLM, hidden: torch.Tensor, idx: slice | torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model.code_logits(hidden)
-        codes = sample_codes(
-            logits, temperature=self._temp[idx], top_p=self._top_p[idx], top_k=self._top_k[idx],
-            penalty=self._penalty[idx], history=self._hist[idx], seed=self._seed[idx],
-            step=self._step[idx], min_new=self._min_new[idx], eos_id=self.eos_id)
-        bad = ~(torch.isfinite(hidden).all(dim=-1) & torch.isfinite(logits).flatten(1).all(-1))
-        return codes, bad
-
-    def _step_rows(self, model: ChatLM, b: int, length: int) -> None:
-        """One decode step of rows ``0..b-1`` on the state buffers (graph-safe)."""
-        self._forward_rows(model, b, length)
-        self._sample_rows(model, b)
-
-    def _forward_rows(self, model: ChatLM, b: int, length: int) -> None:
-        self._hidden_out[:b] = model.decode(self._codes_in[:b], self._pos[:b], length)
-
-    def _sample_rows(self, model: ChatLM, b: int) -> None:
-        hidden = self._hidden_out[:b]
-        codes, bad = self._sample(model, hidden, slice(0, b))
-        self._codes_out[:b] = codes
-        self._bad[:b] = bad
-        self._hist[:b] = torch.cat([self._hist[:b, :, 1:], codes[:, :, None]], dim=2)
-        self._codes_in[:b] = codes
-        self._pos[:b] = (self._pos[:b] + 1).clamp(max=model.max_len - 1)
-        self._step[:b] += 1
-
-    # --- admit and prefill --------------------------------------------------------
-
-    def _admit(self, model: ChatLM, out: list[_Event]) -> None:
-        batch: list[_Pending] = []
-        budget = self.config.prefill_tokens
-        longest = 0
-        while self._waiting and len(batch) < len(self._free):
-            p = self._waiting[0][2]
-            n = len(p.request.prompt_token_ids)
-            padded = max(longest, n) * (len(batch) + 1)
-            if batch and padded > budget:
-                break
-            heapq.heappop(self._waiting)
-            batch.append(p)
-            longest = max(longest, n)
-        if not batch:
-            return
-        slots = [heapq.heappop(self._free) for _ in batch]
-        lives = [_Live(pending=p, slot=s) for p, s in zip(batch, slots, strict=True)]
-        for lv in lives:
-            self._live[lv.slot] = lv
-            self._by_id[lv.pending.request.request_id] = lv
-        try:
-            self._prefill(model, lives, out)
-        except torch.OutOfMemoryError as exc:
-            self._fail(lives, out, f"out of GPU memory in prefill: {exc}")
-            if model.device.type == "cuda":
-                torch.cuda.empty_cache()
-        except Exception as exc:
-            log.exception("prefill failed")
-            self._fail(lives, out, f"prefill failed: {type(exc).__name__}: {exc}")
-
-    def _fail(self, lives: list[_Live], out: list[_Event], why: str) -> None:
-        for lv in lives:
-            if self._by_id.get(lv.pending.request.request_id) is lv:
-                self._finish(lv)
-            out.append((lv.pending.request.request_id, None, None, True, EngineFailed(why)))
-
-    def _prefill(self, model: ChatLM, lives: list[_Live], out: list[_Event]) -> None:
-        dev = model.device
-        self.prefills_total += 1
-        n = len(lives)
-        lengths = [len(lv.pending.request.prompt_token_ids) for lv in lives]
-        t = max(lengths)
-        embeds = torch.zeros((n, t, model.cfg.hidden_size), dtype=model.dtype, device=dev)
-        for i, lv in enumerate(lives):
-            p = lv.pending
-            vec = p.vector.to(dev) if p.vector is not None else None
-            embeds[i, :lengths[i]] = model.prompt_embeds(p.ids.to(dev), p.inject_id, vec)
-        slots = torch.tensor([lv.slot for lv in lives], dtype=torch.int64)
-        params = [lv.pending.request.sampling for lv in lives]
-        self._temp[slots.to(dev)] = torch.tensor([max(s.temperature, 1e-5) for s in params],
-                                                 dtype=torch.float32).to(dev)
-        self._top_p[slots.to(dev)] = torch.tensor([s.top_p for s in params],
-                                                  dtype=torch.float32).to(dev)
-        self._top_k[slots.to(dev)] = torch.tensor([s.top_k for s in params]).to(dev)
-        self._penalty[slots.to(dev)] = torch.tensor([s.repetition_penalty for s in params],
-                                                    dtype=torch.float32).to(dev)
-        self._seed[slots.to(dev)] = torch.tensor([lv.pending.seed for lv in lives]).to(dev)
-        self._min_new[slots.to(dev)] = (1 << 40) if self.config.ignore_eos \
-            else self.config.min_new_steps
-        self._step[slots.to(dev)] = 0
-        self._hist[slots.to(dev)] = model.cfg.num_audio_tokens
-        sl = slots.to(dev)
-        hidden = model.prefill(embeds, torch.tensor(lengths, device=dev), sl)
-        codes, bad = self._sample(model, hidden, sl)
-        self._hist[sl] = torch.cat([self._hist[sl][:, :, 1:], codes[:, :, None]], dim=2)
-        self._codes_in[sl] = codes
-        self._pos[sl] = torch.tensor(lengths, dtype=torch.int64).to(dev)
-        self._step[sl] = 1
-        for i, lv in enumerate(lives):
-            lv.length = lengths[i]
-        self._emit(lives, codes.cpu().numpy(), hidden.cpu().numpy(), bad.cpu().numpy(), out)
-
-    # --- decode ----------------------------------------------------------------------
-
-    def _bucket(self, value: int, buckets: tuple[int, ...], cap: int) -> int:
-        for b in buckets:
-            if b >= value:
-                return min(b, cap)
-        return cap
-
-    def _decode(self, model: ChatLM, out: list[_Event]) -> None:
-        top = max(self._live) + 1
-        b = self._bucket(top, self.config.batch_buckets, model.slots)
-        longest = max(lv.length for lv in self._live.values()) + 1
-        length = self._bucket(longest, self.config.length_buckets, model.max_len)
-        lives = list(self._live.values())
-        try:
-            graph = self._graphs.get((b, length))
-            if graph is None:
-                self._step_rows(model, b, length)
-            else:
-                graph.replay()
-                if not self._graph_samples:  # graphs of the forward only
-                    self._sample_rows(model, b)
-            codes = self._codes_out[:b].cpu().numpy()
-            hidden = self._hidden_out[:b].cpu().numpy()
-            bad = self._bad[:b].cpu().numpy()
-        except torch.OutOfMemoryError as exc:
-            self._fail(lives, out, f"out of GPU memory in decode: {exc}")
-            return
-        self.steps_total += 1
-        for lv in lives:
-            lv.length += 1
-        self._emit(lives, codes[[lv.slot for lv in lives]], hidden[[lv.slot for lv in lives]],
-                   bad[[lv.slot for lv in lives]], out)
-
-    def _emit(self, lives: list[_Live], codes: np.ndarray, hidden: np.ndarray,
-              bad: np.ndarray, out: list[_Event]) -> None:
-        """Hand each request its step (in blocks, see ``stream_interval``);
-        finish those that ended."""
-        max_len = self._model.max_len if self._model is not None else 0
-        eager, interval = self.config.eager_steps, self.config.stream_interval
-        stops = (codes == self.eos_id).any(axis=1)
-        for i, lv in enumerate(lives):
-            req = lv.pending.request
-            rid = req.request_id
-            if bad[i]:
-                self._finish(lv)
-                out.append((rid, None, None, True, EngineFailed(
-                    f"request {rid}: the model produced non-finite values")))
-                continue
-            lv.steps += 1
-            self._gen_tokens += 1
-            c = codes[i]
-            stop = bool(stops[i]) or (bool(req.stop_token_ids)
-                                      and bool(np.isin(c, req.stop_token_ids).any()))
-            done = stop or lv.steps >= req.max_tokens or lv.length + 1 >= max_len
-            lv.held_codes.append(c.copy())
-            if req.want_hidden:
-                lv.held_hidden.append(hidden[i].copy())
-            if done or lv.steps <= eager or len(lv.held_codes) >= interval:
-                out.append((rid, np.stack(lv.held_codes),
-                            np.stack(lv.held_hidden) if lv.held_hidden else None, done, None))
-                lv.held_codes, lv.held_hidden = [], []
-            if done:
-                self._finish(lv)
-
-    # --- CUDA graphs ---------------------------------------------------------------------
-
-    def _capture_graphs(self, model: ChatLM) -> None:
-        """A graph per (batch bucket, length bucket) of the whole step; if the
-        sampler cannot be captured, graphs of the forward only (sampling eager);
-        if nothing can, eager steps. State buffers are reset after."""
-        for whole in (True, False):
-            try:
-                self._capture(model, whole)
-            except RuntimeError as exc:
-                log.warning("CUDA graph capture (%s) failed: %s",
-                            "step" if whole else "forward", exc)
-                self._graphs.clear()
-                torch.cuda.synchronize()
-                continue
-            self._graph_samples = whole
-            break
-        self._reset_state(model)  # forget what the warm-up wrote (in place: graphs hold them)
-
-    def _capture(self, model: ChatLM, whole: bool) -> None:
-        batches = sorted({min(b, model.slots) for b in self.config.batch_buckets})
-        lengths = sorted({min(n, model.max_len) for n in self.config.length_buckets})
-
-        def step(b: int, n: int) -> None:
-            if whole:
-                self._step_rows(model, b, n)
-            else:
-                self._forward_rows(model, b, n)
-
-        pool = torch.cuda.graph_pool_handle()
-        # A capture stream of the engine's own: its GEMMs get a cuBLAS workspace no
-        # decoder graph shares (see rtserver.engine.capture_streams).
-        stream = capture_stream(model.device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        t0 = self._clock.now()
-        with torch.cuda.stream(side):
-            for b in batches:
-                for n in lengths:
-                    step(b, n)  # warm kernels and allocator
-        torch.cuda.current_stream().wait_stream(side)
-        for b in reversed(batches):  # largest first: later graphs reuse its pool
-            for n in reversed(lengths):
-                g = torch.cuda.CUDAGraph()
-                # thread_local: the decoder's threads may launch work meanwhile
-                with torch.cuda.graph(g, pool=pool, stream=stream,
-                                      capture_error_mode="thread_local"):
-                    step(b, n)
-                self._graphs[(b, n)] = g
-        torch.cuda.synchronize()
-        log.info("captured %d CUDA graphs of the %s in %.1f s", len(self._graphs),
-                 "step" if whole else "forward", self._clock.now() - t0)
+        for seq in sched.expire(self._clock.now() - self.config.max_queue_s):
+            if seq.payload.request.want_hidden:
+                self._n_hidden -= 1
+            out.append((seq.rid, None, None, True, Overloaded(
+                f"no engine slot free for {self.config.max_queue_s:g} s",
+                retry_after_ms=self.config.retry_after_ms)))

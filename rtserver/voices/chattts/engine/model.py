@@ -7,11 +7,13 @@ vector in place of ``[spk_emb]``), each later input the sum of the four
 codebook embeddings of the step before; the output is the final-norm hidden
 state and four code heads (float32, as upstream runs its heads).
 
-The KV cache is one preallocated tensor per K and V, ``[layers, slots,
-kv_heads, max_len, head_dim]``: a request owns a slot from prefill to its end.
-Decode runs rows ``0..B-1`` = slots ``0..B-1`` (the scheduler hands out the
-lowest free slot, so live slots stay packed) and attends over the first ``L``
-positions (a length bucket), so a CUDA graph per ``(B, L)`` covers every step.
+The KV cache is one preallocated tensor per K and V, ``[layers, slots + 1,
+kv_heads, max_len + 1, head_dim]``: a request owns a slot from prefill to its
+end. Decode runs rows ``0..B-1`` = slots ``0..B-1`` (the scheduler keeps the
+decoding requests there) and attends over the first ``L`` positions (a length
+bucket), so a CUDA graph per ``(B, L)`` covers every step. Slot ``slots`` and
+position ``max_len`` are scratch: padded rows of a graph write there, never
+into a request's positions.
 """
 
 from __future__ import annotations
@@ -70,11 +72,12 @@ class ChatLM:
         self.head_text = embed.head_text.to(dev, torch.float32)
         d = cfg.head_dim
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+        freqs = torch.outer(torch.arange(max_len + 1, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(dev)  # [max_len, head_dim], float32
         self.sin = emb.sin().to(dev)
-        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, d)
+        # slot ``slots`` and position ``max_len``: scratch (see the module docstring)
+        shape = (cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, max_len + 1, d)
         self.k_cache = torch.zeros(shape, device=dev, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=dev, dtype=dtype)
         self._q = cfg.num_attention_heads * d
@@ -157,6 +160,45 @@ class ChatLM:
             x = x + self._mlp(layer, self._rms(x, layer.ln2))
         last = x[torch.arange(n, device=x.device), lengths - 1]
         return self._rms(last, self.norm).float()
+
+    def prefill_chunk(self, embeds: torch.Tensor, slots: torch.Tensor, start: torch.Tensor,
+                      last: torch.Tensor, length: int) -> torch.Tensor:
+        """Run ``embeds`` ``[n, T, hidden]`` at positions ``start[i] ..
+        start[i] + T - 1`` of slot ``slots[i]`` (chunked prefill: the earlier
+        positions are already in the cache), attending over the first
+        ``length`` cache positions; returns the final-norm hidden state of
+        position ``last[i]`` of each row (float32 ``[n, hidden]``). Graph-safe.
+
+        Positions past a row's real ones hold padding: causal masking keeps
+        it out of every real position, and what it writes to the cache lies
+        past the prompt, where decode overwrites it before attending to it
+        (past ``max_len``: the scratch position)."""
+        n, t, _ = embeds.shape
+        d = self.cfg.head_dim
+        posn = (start[:, None] + torch.arange(t, device=embeds.device)[None, :]
+                ).clamp(max=self.max_len)  # [n, T]
+        cos, sin = self.cos[posn][:, None], self.sin[posn][:, None]  # [n, 1, T, d]
+        keys = torch.arange(length, device=embeds.device)
+        mask = (keys[None, None, :] <= posn[:, :, None])[:, None]  # [n, 1, T, L]
+        rows = slots[:, None]
+        x = embeds.to(self.dtype)
+        for li, layer in enumerate(self.layers):
+            h = self._rms(x, layer.ln1)
+            qkv = F.linear(h, layer.qkv)
+            q = qkv[..., :self._q].view(n, t, -1, d).transpose(1, 2)
+            k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
+            v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            kc[rows, :, posn] = k.transpose(1, 2)  # [n, T, heads, d]
+            vc[rows, :, posn] = v.transpose(1, 2)
+            a = F.scaled_dot_product_attention(
+                q, self._expand_kv(kc[slots, :, :length]), self._expand_kv(vc[slots, :, :length]),
+                attn_mask=mask)
+            x = x + F.linear(a.transpose(1, 2).reshape(n, t, -1), layer.o)
+            x = x + self._mlp(layer, self._rms(x, layer.ln2))
+        out = x[torch.arange(n, device=x.device), last]
+        return self._rms(out, self.norm).float()
 
     def decode(self, codes: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
         """One step for slots ``0..B-1``: ``codes`` ``[B, vq]`` at positions

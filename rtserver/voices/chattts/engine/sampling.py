@@ -77,6 +77,18 @@ def sample_codes(logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torc
     int (0: off), ``penalty`` ``[N]`` (1: off), ``history`` ``[N, vq, W]``,
     ``seed``/``step``/``min_new`` int64 ``[N]``.
     """
+    probs = code_probs(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                       penalty=penalty, history=history, step=step, min_new=min_new,
+                       eos_id=eos_id)
+    _, q, vocab = logits.shape
+    return (probs / race_noise(seed, step, q, vocab)).argmax(dim=-1)
+
+
+def code_probs(logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torch.Tensor,
+               top_k: torch.Tensor, penalty: torch.Tensor, history: torch.Tensor,
+               step: torch.Tensor, min_new: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """The distribution ``sample_codes`` draws from (steps 1-4 of the module
+    docstring), float32 ``[N, vq, vocab]``."""
     n, q, vocab = logits.shape
     x = logits / temperature[:, None, None]
     alpha = torch.pow(penalty[:, None, None], penalty_counts(history, vocab))
@@ -96,5 +108,4 @@ def sample_codes(logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torc
     # no EOS before min_new steps
     early = (step < min_new)[:, None]
     x[..., eos_id] = x[..., eos_id].masked_fill(early, NEG_INF)
-    probs = x.softmax(dim=-1)
-    return (probs / race_noise(seed, step, q, vocab)).argmax(dim=-1)
+    return x.softmax(dim=-1)

@@ -1,0 +1,132 @@
+"""What the torch engine hands each request, read out of the runner's pinned ring
+(numpy only: no torch, no asyncio).
+
+Each step's codes, flags and hidden states land in one entry of a pinned ring
+(``runner.py``). A request is handed its steps one by one for its first
+``eager_steps`` (the first audio waits on them), then in blocks of ``hold``.
+Until then each step stays where it landed, as a (ring entry, row) place held
+in numpy arrays indexed by the request's *handle*: a small int it holds from
+its first prompt chunk to its end. So a step's decode rows are read back with
+a few vector operations, whatever their number, and a turn's hand-overs leave
+as one ``Batch`` (one gather out of the ring; the event loop splits it).
+
+A handle given back is given again with a new generation; a row whose
+generation is stale (its request ended after the step was launched) is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A turn's hand-overs in one piece: request ``rids[j]`` gets rows
+    ``ends[j]:ends[j + 1]`` of ``codes`` (and of ``hidden``)."""
+
+    rids: list[str]
+    codes: np.ndarray  # [rows, vq], a fresh gather (never a view of the ring)
+    hidden: np.ndarray | None  # [rows, hidden]
+    ends: list[int]  # len(rids) + 1
+    done: frozenset[str]  # requests whose last step this is
+
+
+class Handover:
+    """The held steps of every running request (one thread only)."""
+
+    def __init__(self, handles: int, hold: int, eager_steps: int) -> None:
+        self.gen = np.zeros(handles, dtype=np.int64)  # bumped when a handle is given back
+        self.steps = np.zeros(handles, dtype=np.int64)  # steps read back
+        self.held = np.zeros(handles, dtype=np.int64)  # places held
+        self.ring = np.zeros((handles, hold), dtype=np.int64)
+        self.row = np.zeros((handles, hold), dtype=np.int64)
+        self.rid: list[str] = [""] * handles
+        self._free = list(range(handles - 1, -1, -1))
+        self.hold = hold
+        self.eager = eager_steps
+        self._vec: list[np.ndarray] = []  # handles handed steps this turn, in vectors
+        self._one: list[tuple[int, bool]] = []  # and one by one: (handle, done)
+        self._key: object = None  # the rows ``rows_of`` last saw, and their handles
+        self._hg = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def give(self, rid: str) -> tuple[int, int]:
+        """A handle for request ``rid``: (handle, generation)."""
+        h = self._free.pop()
+        self.steps[h] = self.held[h] = 0
+        self.rid[h] = rid
+        return h, int(self.gen[h])
+
+    def take_back(self, handle: int, gen: int) -> None:
+        """The request holding (``handle``, ``gen``) ended; a second call is a no-op."""
+        if handle >= 0 and self.gen[handle] == gen:
+            self.gen[handle] += 1
+            self._free.append(handle)
+
+    def rows_of(self, key: object, handles: Callable[[], tuple[list[int], list[int]]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The (handles, generations) of a step's rows, from ``handles()`` when
+        ``key`` (the scheduler's rows tuple, replaced when the batch changes) is
+        new, else as last time."""
+        if key is not self._key:
+            self._key = key
+            hs, gs = handles()
+            self._hg = (np.array(hs, dtype=np.int64), np.array(gs, dtype=np.int64))
+        return self._hg
+
+    def read_rows(self, hs: np.ndarray, gs: np.ndarray, ring: int, flags: np.ndarray
+                  ) -> list[int]:
+        """Hold row i of ring entry ``ring`` for the request of handle ``hs[i]``,
+        for every live row whose flag is 0; returns the live rows with a flag
+        (ended or failed: the caller reads them with ``hold_one``)."""
+        ok = self.gen[hs] == gs
+        flagged: list[int] = []
+        if flags.any():
+            flagged = np.flatnonzero((flags != 0) & ok).tolist()
+            ok &= flags == 0
+        idx = np.flatnonzero(ok)
+        hv = hs[idx]
+        k = self.held[hv]
+        self.ring[hv, k] = ring
+        self.row[hv, k] = idx
+        self.held[hv] = k + 1
+        st = self.steps[hv] + 1
+        self.steps[hv] = st
+        emit = hv[(st <= self.eager) | (k + 1 >= self.hold)]
+        if len(emit):
+            self._vec.append(emit)
+        return flagged
+
+    def hold_one(self, handle: int, ring: int, row: int, done: bool) -> None:
+        """Hold one step (a prompt's first step, or a flagged decode row)."""
+        k = int(self.held[handle])
+        self.ring[handle, k], self.row[handle, k] = ring, row
+        self.held[handle] = k + 1
+        self.steps[handle] += 1
+        if done or self.steps[handle] <= self.eager or k + 1 >= self.hold:
+            self._one.append((handle, done))
+
+    def flush(self, ring_codes: np.ndarray, ring_hidden: np.ndarray | None) -> Batch | None:
+        """This turn's hand-overs: one gather out of ``ring_codes`` ``[ring, rows,
+        vq (+ flags)]`` and ``ring_hidden`` ``[ring, rows, hidden]`` (None: no
+        hidden states), or None if nobody is handed anything."""
+        if not self._vec and not self._one:
+            return None
+        e = np.concatenate([*self._vec, np.array([h for h, _ in self._one], dtype=np.int64)])
+        n = self.held[e]
+        mask = np.arange(self.hold)[None, :] < n[:, None]
+        rings, rows = self.ring[e][mask], self.row[e][mask]
+        ends = np.zeros(len(e) + 1, dtype=np.int64)
+        np.cumsum(n, out=ends[1:])
+        vq = ring_codes.shape[-1] - 1
+        batch = Batch(rids=list(map(self.rid.__getitem__, e.tolist())),
+                      codes=ring_codes[rings, rows, :vq],
+                      hidden=ring_hidden[rings, rows] if ring_hidden is not None else None,
+                      ends=ends.tolist(),
+                      done=frozenset(self.rid[h] for h, d in self._one if d))
+        self.held[e] = 0
+        self._vec.clear()
+        self._one.clear()
+        return batch
