@@ -18,18 +18,18 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rtserver.audio.framer import SAMPLE_RATES, Framer, PcmS16Framer
-from rtserver.audio.opus import OpusFramer
+from rtserver.audio.framer import Framer
 from rtserver.audio.pcm import FloatArray
-from rtserver.audio.resample import Resampler, output_after_chunks
+from rtserver.audio.resample import Resampler
 from rtserver.core.events import AudioFrames, Finished, Ledger, Sink, SinkClosed
+from rtserver.core.first_heard import hint_chunks
+from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.stats import VoiceStats
 from rtserver.errors import EngineFailed, InternalError, RtError
-from rtserver.pacing.hints import ahead_ms, heard_chunks_ms, prebuffer_ms
+from rtserver.pacing.hints import ahead_ms, prebuffer_ms
 from rtserver.protocol.messages import BufferHint, Cancelled, Done, SegmentStarted, Start
 from rtserver.protocol.session import error_message
 from rtserver.text.segmenter import Segment, Segmenter
@@ -95,7 +95,8 @@ class SpeechContext:
         self._first_cut_at: float | None = None
         self._first_times: dict[str, float] = {}
         self._first_marks = Marks(core.clock)
-        self.framer = self._make_framer()
+        self.framer = make_framer(start, self.encode_rate(), core.opus_config)
+        self.heard = HeardFormat.of(voice.info, self.framer)
         core.load.active += 1
 
     # --- input (never blocks) ----------------------------------------------------
@@ -113,25 +114,8 @@ class SpeechContext:
     # --- format ------------------------------------------------------------------
 
     def encode_rate(self) -> int:
-        """The rate audio is framed at. Opus: the voice's own rate when libopus
-        takes it as input and it is not above the requested rate (SNAC's 24 kHz),
-        else the requested rate. An Opus packet decodes at any rate, so the
-        client still decodes at ``start.sample_rate``; skipping the resampler
-        skips its hold-back too (libsoxr HQ, used before, returned nothing for
-        the first 768 samples of 24 -> 48 kHz: that held the first frame back
-        a whole chunk; ours holds 1.5 ms).
-        """
-        native = self.voice.info.sample_rate
-        if (self.start.format == "opus" and native in SAMPLE_RATES
-                and native <= self.start.sample_rate):
-            return native
-        return self.start.sample_rate
-
-    def _make_framer(self) -> Framer:
-        if self.start.format == "opus":
-            return OpusFramer(self.encode_rate(), self.start.frame_ms,
-                              config=self.core.opus_config)
-        return PcmS16Framer(self.start.sample_rate, self.start.frame_ms)
+        """The rate audio is framed at (``framing.encode_rate``)."""
+        return encode_rate(self.voice.info, self.start)
 
     # --- running -----------------------------------------------------------------
 
@@ -400,19 +384,11 @@ class SpeechContext:
         stats = self.voice_stats
         hints = self.core.hint_config
         rtf = stats.rtf_estimate(hints.percentile, self.clock.now())
-        plan = self.voice.info.chunk_plan_ms
-        cost: list[float] | None = None
-        if plan:  # a streaming voice: its own chunk schedule within the segment
-            chunks = self._as_heard(plan)
-            if len(self.voice.info.chunk_cost_ms) == len(plan):
-                cost = list(self.voice.info.chunk_cost_ms)
-        else:
-            first_ms = len(seg.text) * stats.audio_ms_per_char
-            # Later segments are unknown yet: plan for the longest the segmenter
-            # allows each of them (its growing limits), which bounds the wait.
-            limit = self.core.segmenter_config.limit
-            chunks = [first_ms, *(limit(seg.index + k) * stats.audio_ms_per_char
-                                  for k in range(1, 5))]
+        chunks, cost = hint_chunks(self.voice.info, self.heard,
+                                   at_start=self.ledger.next_seq == 0,
+                                   segment_chars=len(seg.text), index=seg.index,
+                                   audio_ms_per_char=stats.audio_ms_per_char,
+                                   limit=self.core.segmenter_config.limit)
         hint = prebuffer_ms(rtf, chunks, hints.jitter_ms, cost_ms=cost)
         if self._first_hint_ms is None:
             self._first_hint_ms = hint
@@ -422,22 +398,6 @@ class SpeechContext:
         self.sink.control(BufferHint(
             context=self.context, prebuffer_ms=round(hint, 1), rtf=round(rtf, 4),
             ahead_ms=round(ahead_ms(self.ledger.next_seq * self.start.frame_ms, elapsed), 1)))
-
-    def _as_heard(self, plan_ms: Sequence[float]) -> list[float]:
-        """The voice's planned chunks as the listener gets them: the resampler
-        holds a little back (1.4 ms at 22050 -> 48000 Hz), the framer sends
-        whole frames, and at the context's start the decoder drops its
-        pre-skip: Piper's 109 ms first chunk is heard as 93.5 ms. Planning
-        with the voice's own sizes (and libsoxr, which held back 6-37 ms)
-        told a listener to start on a first chunk of which 53.5 ms had gone
-        out, and it underran (CI, 2026-12-03)."""
-        in_rate = self.voice.info.sample_rate
-        out_rate = self.encode_rate()
-        sizes = tuple(round(ms * in_rate / 1000.0) for ms in plan_ms)
-        sent = output_after_chunks(in_rate, out_rate, sizes)
-        # pre_skip is in samples at 48 kHz (framer.Framer)
-        skip_ms = self.framer.pre_skip / 48.0 if self.ledger.next_seq == 0 else 0.0
-        return heard_chunks_ms(sent, out_rate, self.framer.frame_samples, skip_ms)
 
     # --- the end -----------------------------------------------------------------
 
