@@ -15,6 +15,7 @@ from rtserver.core.context import SpeechContext
 from rtserver.core.events import Sink
 from rtserver.core.first_heard import predicted_first_heard_ms
 from rtserver.core.framing import HeardFormat, encode_rate, make_framer
+from rtserver.core.inputs import DEFAULT_MAX_TEXT_CHARS
 from rtserver.core.stats import ServerLoad, VoiceStats
 from rtserver.errors import UnknownVoice, UnsupportedFormat
 from rtserver.metrics import Metrics
@@ -41,6 +42,8 @@ class SpeechCore:
     encode_pool: Executor | None = None  # threads for Opus encoding (None: inline)
     load: ServerLoad = field(default_factory=ServerLoad)  # contexts running, all voices
     voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
+    # characters of text one context takes in all ([server] max_text_chars)
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     # bounded: voices x formats x rates x frame sizes, all finite sets
     _heard: dict[_HeardKey, HeardFormat] = field(default_factory=dict, init=False,
                                                  repr=False)
@@ -70,8 +73,8 @@ class SpeechCore:
         default) into ``sink``; run it with ``await ctx.run()`` (in the
         transport's task group). Raises ``UnknownVoice`` / ``UnsupportedFormat``
         for options it cannot serve."""
-        _, found = self._voice(start, voice)
-        return SpeechContext(self, start, found, sink, stream)
+        name, found = self._voice(start, voice)
+        return SpeechContext(self, start, found, self.stats_for(name), sink, stream)
 
     def predicted_first_heard_ms(self, start: Start, voice: str | None = None) -> float:
         """When a listener of a context opened now with ``start`` (on ``voice``,
