@@ -38,8 +38,10 @@ async def speak_in_process(config: Config, text: str, *, sample_rate: int = 2400
     say = progress or (lambda m: None)
     voices = await load_voices(config.voice, config.families, progress=say)
     try:
+        # the whole text is already here (no client grows it): it is the bound
         core = SpeechCore(voices.voices, segmenter_config=config.segmenter,
-                          hint_config=config.hints, opus_config=config.opus)
+                          hint_config=config.hints, opus_config=config.opus,
+                          max_text_chars=max(config.server.max_text_chars, len(text), 1))
         start = Start(context="say", voice=voice, format="pcm_s16le", sample_rate=sample_rate)
         pcm = bytearray()
         segments: list[str] = []

@@ -2,7 +2,11 @@
 
 ``SpeechCore`` holds the voices and what contexts share; ``core.open(start,
 sink)`` gives a ``SpeechContext`` (``feed``/``flush``/``end``, ``await run()``,
-``await cancel()``); ``speak(core, start)`` runs one with a queue to iterate.
+``await cancel()``); ``speak(core, start)`` runs one with a queue to iterate;
+``core.predicted_first_heard_ms(start)`` is admission's prediction (the one
+model of ``first_heard``). Modules, top to bottom (``lint-imports``): stream,
+speech, context, speaker, segments and first_heard, inputs and framing and
+shared, events and stats.
 No transport here: the WebSocket server, the HTTP endpoint and ``rtserver say``
 are sinks.
 """

@@ -1,6 +1,7 @@
 """The speech core: loaded voices, their measured rates and the settings every
 context shares. Transports (the WebSocket server, the HTTP speech endpoint,
-``rtserver say``) open contexts on it and hand each a ``Sink``."""
+``rtserver say``) open contexts on it and hand each a ``Sink``, and ask it
+for a new context's predicted first heard audio (admission)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from rtserver.audio.opus import OpusConfig
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.core.context import SpeechContext
 from rtserver.core.events import Sink
+from rtserver.core.first_heard import predicted_first_heard_ms
+from rtserver.core.framing import HeardFormat, encode_rate, make_framer
+from rtserver.core.inputs import DEFAULT_MAX_TEXT_CHARS
 from rtserver.core.stats import ServerLoad, VoiceStats
 from rtserver.errors import UnknownVoice, UnsupportedFormat
 from rtserver.metrics import Metrics
@@ -20,6 +24,9 @@ from rtserver.pacing.rates import LiveRates, RtfTracker
 from rtserver.protocol.messages import AUDIO_FORMATS, FRAME_MS, SAMPLE_RATES, Start
 from rtserver.text.segmenter import SegmenterConfig
 from rtserver.voices.base import Voice
+
+# A voice's output as heard in one format: (voice, format, rate, frame ms)
+_HeardKey = tuple[str, str, int, int]
 
 
 @dataclass
@@ -35,6 +42,11 @@ class SpeechCore:
     encode_pool: Executor | None = None  # threads for Opus encoding (None: inline)
     load: ServerLoad = field(default_factory=ServerLoad)  # contexts running, all voices
     voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
+    # characters of text one context takes in all ([server] max_text_chars)
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # bounded: voices x formats x rates x frame sizes, all finite sets
+    _heard: dict[_HeardKey, HeardFormat] = field(default_factory=dict, init=False,
+                                                 repr=False)
 
     def __post_init__(self) -> None:
         if not self.voices:
@@ -61,6 +73,26 @@ class SpeechCore:
         default) into ``sink``; run it with ``await ctx.run()`` (in the
         transport's task group). Raises ``UnknownVoice`` / ``UnsupportedFormat``
         for options it cannot serve."""
+        name, found = self._voice(start, voice)
+        return SpeechContext(self, start, found, self.stats_for(name), sink, stream)
+
+    def predicted_first_heard_ms(self, start: Start, voice: str | None = None) -> float:
+        """When a listener of a context opened now with ``start`` (on ``voice``,
+        chosen as ``open`` does) would first hear audio, in ms after the text
+        of its first segment is complete (``first_heard.predicted_first_heard_ms``:
+        the context's own first hint, at the r with it counted in the load).
+        Raises as ``open`` does."""
+        name, found = self._voice(start, voice)
+        key = (name, start.format, start.sample_rate, start.frame_ms)
+        heard = self._heard.get(key)
+        if heard is None:
+            framer = make_framer(start, encode_rate(found.info, start), self.opus_config)
+            heard = self._heard[key] = HeardFormat.of(found.info, framer)
+        return predicted_first_heard_ms(self.stats_for(name), found.info, heard,
+                                        self.hint_config, self.segmenter_config.limit,
+                                        self.clock.now())
+
+    def _voice(self, start: Start, voice: str | None) -> tuple[str, Voice]:
         name = voice or start.voice or self.default_voice
         found = self.voices.get(name)
         if found is None:
@@ -72,4 +104,4 @@ class SpeechCore:
                 f"format {start.format}/{start.sample_rate} Hz/{start.frame_ms} ms: formats "
                 f"{', '.join(AUDIO_FORMATS)}, rates {', '.join(map(str, SAMPLE_RATES))}, "
                 f"frames {', '.join(map(str, FRAME_MS))} ms", context=start.context)
-        return SpeechContext(self, start, found, sink, stream)
+        return name, found

@@ -32,11 +32,19 @@ class VoiceStats:
     load: ServerLoad = field(default_factory=ServerLoad)  # shared by the server's voices
     parallel: int = 0  # VoiceInfo.parallel_segments
 
-    def rtf_estimate(self, q: float, now: float) -> float:
+    @property
+    def measured(self) -> bool:
+        """A segment of this voice completed, or one in flight made enough
+        audio to have a rate (before: ``rtf_estimate`` is ``default_rtf``)."""
+        return self.rtf.count > 0 or self.live.percentile(0.5) is not None
+
+    def rtf_estimate(self, q: float, now: float, *, extra_load: int = 0) -> float:
         """The r to plan with: the ``q``-quantile of recent completed segments
         made at the present load (extrapolated above it), or of the segments
-        in flight when those are slower (load rising)."""
-        done = self.rtf.percentile(q, now, load=self.load.active, parallel=self.parallel)
+        in flight when those are slower (load rising). ``extra_load``:
+        contexts about to start, counted in the load (admission asks with 1)."""
+        done = self.rtf.percentile(q, now, load=self.load.active + extra_load,
+                                   parallel=self.parallel)
         live = self.live.percentile(q)
         return done if live is None else max(done, live)
 

@@ -4,21 +4,19 @@
 - ``RateLimits``: per API key (or client address) buckets for connections,
   contexts and characters per minute; a refusal raises ``RateLimited`` with
   ``retry_after_ms``.
-- ``predicted_first_heard_ms`` and ``LoadAdmission``: a new context is refused
-  with ``overloaded`` (``Busy``) when its predicted time to first heard audio
-  (TTFA plus the prebuffer its hint asks for, planned with the r measured at
-  the load with it added) would miss the configured target.
+- ``LoadAdmission``: a new context is refused with ``overloaded`` (``Busy``)
+  when its predicted time to first heard audio (``SpeechCore.
+  predicted_first_heard_ms``: the core's one first-heard model) would miss
+  the configured target.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
 
 from rtserver.config import AdmissionConfig
 from rtserver.errors import Busy, RateLimited
-from rtserver.pacing.hints import planned_arrivals, prebuffer_ms
 
 
 class TokenBucket:
@@ -120,26 +118,6 @@ class RateLimits:
                               context=context, retry_after_ms=retry_ms(wait))
 
 
-def predicted_first_heard_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
-                             cost_ms: Sequence[float] | None = None) -> float:
-    """Time from the text that completes the first segment to the moment a
-    listener honouring the ``buffer`` hint starts playing: chunks are made one
-    after another at ``rtf`` (``hints.planned_arrivals``) and playback starts
-    once the hint's amount of audio (``hints.prebuffer_ms``, which holds the
-    jitter allowance) has arrived. ``chunk_ms``: the first segment's chunks
-    and what follows, as the hint plans them."""
-    if not chunk_ms:
-        return 0.0
-    arrivals = planned_arrivals(rtf, chunk_ms, cost_ms=cost_ms)
-    need = prebuffer_ms(rtf, chunk_ms, jitter_ms, cost_ms=cost_ms)
-    held = 0.0
-    for at, duration in arrivals:
-        held += duration
-        if held >= need - 1e-6:
-            return at
-    return arrivals[-1][0]  # the whole plan is shorter than the hint: all of it
-
-
 class LoadAdmission:
     """Refuses a new context whose predicted first heard audio misses the target."""
 
@@ -161,5 +139,4 @@ class LoadAdmission:
                    context=context, retry_after_ms=retry)
 
 
-__all__ = ["LoadAdmission", "RateLimits", "TokenBucket", "predicted_first_heard_ms",
-           "retry_ms"]
+__all__ = ["LoadAdmission", "RateLimits", "TokenBucket", "retry_ms"]

@@ -46,8 +46,7 @@ from rtserver.protocol.session import (
     error_message,
 )
 from rtserver.protocol.wire import encode_audio_message
-from rtserver.server.admission import predicted_first_heard_ms
-from rtserver.server.gate import MessagePace, plan_first_chunks, reject_reason
+from rtserver.server.gate import MessagePace, reject_reason
 from rtserver.server.guards import Unauthorized
 from rtserver.server.http import identify
 from rtserver.server.outbox import ControlItem, Outbox
@@ -193,29 +192,12 @@ class Connection:
             return
         self.live[action.context].feed(action.text)
 
-    def _predicted_first_heard_ms(self, voice: str) -> float:
-        """Time to first heard audio of a new context on ``voice`` now: r at the
-        load with it added (and of segments in flight, when slower), the chunks
-        its first hint will plan with (admission.predicted_first_heard_ms)."""
-        stats = self.app.voice_stats[voice]
-        hints = self.app.config.hints
-        now = self.app.clock.now()
-        live = stats.live.percentile(hints.percentile)
-        if stats.rtf.count == 0 and live is None:
-            return 0.0  # nothing measured yet (no warm-up): no ground to refuse on
-        rtf = stats.rtf.percentile(hints.percentile, now, load=stats.load.active + 1)
-        info = self.app.voices[voice].info
-        chunks, cost = plan_first_chunks(info.chunk_plan_ms, info.chunk_cost_ms,
-                                         stats.audio_ms_per_char,
-                                         self.app.config.segmenter.limit)
-        return predicted_first_heard_ms(max(rtf, live or 0.0), chunks, hints.jitter_ms,
-                                        cost_ms=cost)
-
     def _open(self, action: OpenContext) -> None:
         start = action.start
         try:
             self.app.gate.start(self.key, action.voice, self.app.clock.now(), start.context,
-                                lambda: self._predicted_first_heard_ms(action.voice))
+                                lambda: self.app.core.predicted_first_heard_ms(
+                                    start, action.voice))
         except RtError as err:  # refused: it was never open
             self.session.forget(start.context)
             self._refuse(err)

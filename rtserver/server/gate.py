@@ -19,7 +19,7 @@ through ``reject_reason``.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from rtserver.config import AdmissionConfig, ServerConfig
 from rtserver.errors import (
@@ -29,12 +29,7 @@ from rtserver.errors import (
     RateLimited,
     RtError,
 )
-from rtserver.server.admission import (
-    LoadAdmission,
-    RateLimits,
-    TokenBucket,
-    predicted_first_heard_ms,
-)
+from rtserver.server.admission import LoadAdmission, RateLimits, TokenBucket
 from rtserver.server.breaker import BreakerState, CircuitBreaker
 
 # A client that keeps its connection's reader waiting this long is flooding.
@@ -42,9 +37,6 @@ FLOOD_AFTER_S = 3.0
 # Retry after a refusal while draining: time for a reconnect to reach another
 # process (a load balancer notices /ready 503 within a probe period or two).
 DRAINING_RETRY_MS = 1000
-# Words the eager first segment holds at most (SegmenterConfig.first_max_words
-# is 6) times characters per English word with its space (about 6).
-FIRST_SEGMENT_CHARS = 36
 
 
 def reject_reason(err: RtError) -> str:
@@ -64,19 +56,6 @@ class Draining(Busy):
     """A ``start`` while the server drains."""
 
     draining = True
-
-
-def plan_first_chunks(chunk_plan_ms: Sequence[float], chunk_cost_ms: Sequence[float],
-                      audio_ms_per_char: float, limit: Callable[[int], int]
-                      ) -> tuple[list[float], list[float] | None]:
-    """The chunks a new context's hint will plan with (as the pipeline does):
-    a streaming voice's own chunk plan, else a first segment of
-    ``FIRST_SEGMENT_CHARS`` and four more at the segmenter's limits."""
-    if chunk_plan_ms:
-        cost = list(chunk_cost_ms) if len(chunk_cost_ms) == len(chunk_plan_ms) else None
-        return list(chunk_plan_ms), cost
-    first = min(limit(0), FIRST_SEGMENT_CHARS) * audio_ms_per_char
-    return [first, *(limit(k) * audio_ms_per_char for k in range(1, 5))], None
 
 
 class Gate:
@@ -171,5 +150,4 @@ class MessagePace:
         return 0.0
 
 
-__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "plan_first_chunks",
-           "predicted_first_heard_ms", "reject_reason"]
+__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "reject_reason"]

@@ -54,9 +54,8 @@ from rtserver.errors import (
     UnsupportedFormat,
 )
 from rtserver.protocol.messages import Done, ErrorMessage, Start
-from rtserver.server.admission import predicted_first_heard_ms
 from rtserver.server.asgi import BodyTooLarge, HttpStream, Receive, Send, read_body, send_response
-from rtserver.server.gate import plan_first_chunks, reject_reason
+from rtserver.server.gate import reject_reason
 from rtserver.server.http import (
     HttpRequest,
     HttpResponse,
@@ -221,18 +220,9 @@ class SpeechApi:
         audio), then its character rate; raises the refusal."""
         now = self.clock.now()
         gate = self.app.gate
-        stats = self.app.voice_stats[speech.voice]
-        info = self.app.voices[speech.voice].info
-        hints = self.app.config.hints
-
-        def predicted_ms() -> float:
-            chunks, cost = plan_first_chunks(info.chunk_plan_ms, info.chunk_cost_ms,
-                                             stats.audio_ms_per_char,
-                                             self.app.config.segmenter.limit)
-            rtf = stats.rtf_estimate(hints.percentile, now)
-            return predicted_first_heard_ms(rtf, chunks, hints.jitter_ms, cost_ms=cost)
-
-        gate.start(who, speech.voice, now, "http", predicted_ms)
+        start = speech_start(speech, "http")
+        gate.start(who, speech.voice, now, "http",
+                   lambda: self.app.core.predicted_first_heard_ms(start))
         gate.text(who, len(speech.input), now, "http")
 
     async def voices(self, request: HttpRequest, receive: Receive, send: Send) -> None:
@@ -396,8 +386,7 @@ class SpeechApi:
                     keep.append(data)
             await write(data)
 
-        start = Start(context=f"http-{next(_ids)}", voice=speech.voice, format="pcm_s16le",
-                      sample_rate=OPENAI_RATE, frame_ms=FRAME_MS)
+        start = speech_start(speech, f"http-{next(_ids)}")
         audio_ms = 0.0
         async with speak(self.app.core, start) as ctx:
             ctx.feed(speech.input)
@@ -412,6 +401,12 @@ class SpeechApi:
                     audio_ms = event.audio_ms
         await emit(np.zeros(0, np.float32), last=True)
         return audio_ms / speech.speed, keep
+
+
+def speech_start(speech: SpeechRequest, context: str) -> Start:
+    """The core context of a request: 24 kHz PCM frames, encoded here."""
+    return Start(context=context, voice=speech.voice, format="pcm_s16le",
+                 sample_rate=OPENAI_RATE, frame_ms=FRAME_MS)
 
 
 def error_of(message: ErrorMessage) -> RtError:

@@ -54,7 +54,8 @@ class AppState:
         voices = {self.default_voice: self.voices[self.default_voice], **self.voices}
         self.core = SpeechCore(voices, segmenter_config=cfg.segmenter, hint_config=cfg.hints,
                                opus_config=cfg.opus, metrics=self.metrics, clock=self.clock,
-                               encode_pool=self.encode_pool)
+                               encode_pool=self.encode_pool,
+                               max_text_chars=cfg.server.max_text_chars)
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.core.load.active)
         # short names: "<name>" for "<family>:<name>", and "default"

@@ -1,5 +1,6 @@
 """Admission (pure, injected time): token buckets, per-key rate limits, and
-the first-heard-audio admission check."""
+the first-heard-audio admission check (the prediction itself:
+test_core_first_heard.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,8 @@ import pytest
 
 from rtserver.config import AdmissionConfig, ServerConfig
 from rtserver.errors import Busy, ControlFlood, EngineUnavailable, RateLimited
-from rtserver.pacing.hints import prebuffer_ms
-from rtserver.server.admission import (
-    LoadAdmission,
-    RateLimits,
-    TokenBucket,
-    predicted_first_heard_ms,
-)
-from rtserver.server.gate import Gate, MessagePace, plan_first_chunks, reject_reason
+from rtserver.server.admission import LoadAdmission, RateLimits, TokenBucket
+from rtserver.server.gate import Gate, MessagePace, reject_reason
 
 
 def test_bucket_bursts_then_goes_at_its_rate() -> None:
@@ -77,27 +72,6 @@ def test_keys_are_bounded() -> None:
     for i in range(1000):
         rl.context(f"addr:{i}", 0.0)
     assert len(rl) == 100
-
-
-def test_first_heard_one_chunk_is_its_synthesis() -> None:
-    # Piper: the first segment is one chunk of 1 s made at r 0.2; the hint
-    # (J = 40 ms of audio) is held as soon as it arrives
-    assert predicted_first_heard_ms(0.2, [1000.0], 40.0) == pytest.approx(200.0)
-
-
-def test_first_heard_waits_for_the_prebuffer_chunk() -> None:
-    chunks = [100.0, 300.0, 1000.0]
-    heard = predicted_first_heard_ms(0.5, chunks, 40.0)
-    # the hint waits for chunk 2 (hints.py's example): it arrives at
-    # 0.5 * (100 + 300 + 1000) = 700 ms
-    assert prebuffer_ms(0.5, chunks, 40.0) == pytest.approx(440.0)
-    assert heard == pytest.approx(700.0)
-
-
-def test_first_heard_grows_with_r() -> None:
-    chunks = [500.0, 1000.0, 2000.0, 4000.0]
-    values = [predicted_first_heard_ms(r, chunks, 40.0) for r in (0.1, 0.5, 0.9, 1.5)]
-    assert values == sorted(values) and values[-1] > 5000
 
 
 def test_load_admission_refuses_over_the_target_with_retry_after() -> None:
@@ -169,10 +143,3 @@ def test_message_pace_throttles_then_calls_a_sustained_flood() -> None:
     for _ in range(2000):  # a client at 90 a second is never called a flood
         assert pace.wait_s(now) == 0.0
         now += 1 / 90
-
-
-def test_first_chunk_plan() -> None:
-    chunks, cost = plan_first_chunks((60.0, 120.0), (90.0, 150.0), 65.0, lambda k: 250)
-    assert chunks == [60.0, 120.0] and cost == [90.0, 150.0]
-    chunks, cost = plan_first_chunks((), (), 50.0, lambda k: 80 if k else 250)
-    assert chunks == [36 * 50.0] + [80 * 50.0] * 4 and cost is None

@@ -62,7 +62,7 @@ async def test_first_32_ms_of_a_24khz_voice_go_out_before_its_next_chunk(request
     start = Start(context="c", format="opus", sample_rate=requested)
     sink = EventQueue(capacity_ms=10_000)
     ctx = _context(voice, start, sink)
-    assert ctx.encode_rate() == 24000  # Opus takes SNAC's rate as input directly
+    assert ctx.speaker.rate == 24000  # Opus takes SNAC's rate as input directly
     async with asyncio.TaskGroup() as group:
         speak = group.create_task(ctx.run())
         ctx.feed("Hello there, ")
@@ -77,7 +77,7 @@ async def test_first_32_ms_of_a_24khz_voice_go_out_before_its_next_chunk(request
         voice.gate.set()
     # TTFA's parts went to /metrics (the queue delivered the first frame: "send"
     # is the time it waited to be taken)
-    body = ctx.core.metrics.render().decode()
+    body = ctx.shared.metrics.render().decode()
     for stage in ("segmenter", "queue", "vocoder", "encode", "send"):
         assert (f'rtserver_first_audio_stage_ms_count{{stage="{stage}",voice="gated"}} 1.0'
                 in body), stage
@@ -87,9 +87,9 @@ async def test_first_32_ms_of_a_24khz_voice_go_out_before_its_next_chunk(request
 def test_rates_opus_cannot_take_are_resampled_to_the_requested_rate() -> None:
     sink = EventQueue(capacity_ms=1000)
     piper_like = _context(GatedVoice(22050), Start(context="c", format="opus"), sink)
-    assert piper_like.encode_rate() == 48000
+    assert piper_like.speaker.rate == 48000
     above = _context(GatedVoice(24000), Start(context="c", format="opus", sample_rate=16000),
                      sink)
-    assert above.encode_rate() == 16000  # never encode above what the client asked for
+    assert above.speaker.rate == 16000  # never encode above what the client asked for
     pcm = _context(GatedVoice(24000), Start(context="c", format="pcm_s16le"), sink)
-    assert pcm.encode_rate() == 48000  # PCM is sent at the requested rate
+    assert pcm.speaker.rate == 48000  # PCM is sent at the requested rate

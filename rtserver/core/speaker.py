@@ -1,0 +1,197 @@
+"""A context's audio out: the speaker takes segments in order, synthesizes
+them, resamples and frames their audio, and puts it into the sink with seqs
+from 0, no gaps; a ``segment`` before each one's first frame, a ``buffer``
+hint before the audio it describes.
+
+Putting may wait (the sink is full: backpressure); that time is the
+client's pace, not the voice's, and is kept out of the measured r.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+from rtserver.audio.framer import Framer
+from rtserver.audio.pcm import FloatArray
+from rtserver.audio.resample import Resampler
+from rtserver.core.events import AudioFrames, Ledger, Sink, SinkClosed
+from rtserver.core.first_heard import hint_chunks
+from rtserver.core.framing import HeardFormat, encode_rate, make_framer
+from rtserver.core.segments import SegmentQueue
+from rtserver.core.shared import Shared
+from rtserver.core.stats import VoiceStats
+from rtserver.errors import EngineFailed, RtError
+from rtserver.pacing.hints import ahead_ms, prebuffer_ms
+from rtserver.protocol.messages import BufferHint, SegmentStarted, Start
+from rtserver.text.segmenter import Segment
+from rtserver.voices.base import Marks, SynthesisRequest, Voice
+
+_request_ids = itertools.count()
+
+# Frames of a context's first audio that go out before the rest of its chunk
+# is encoded: 5 x 20 ms covers the time the remainder takes to encode.
+FIRST_SEND_FRAMES = 5
+# Chunks of at least this many frames are encoded off the event loop; below it
+# the thread hop (~0.1 ms) is not worth it. Above FIRST_SEND_FRAMES, so the
+# context's first frames are always encoded inline, at once.
+OFFLOAD_FRAMES = 8
+
+
+class Speaker:
+    """Speaks the segments of ``queue`` into ``sink`` (``run``) until the end."""
+
+    def __init__(self, shared: Shared, start: Start, voice: Voice, stats: VoiceStats,
+                 sink: Sink, ledger: Ledger, queue: SegmentQueue) -> None:
+        self.shared = shared
+        self.start = start
+        self.voice = voice
+        self.stats = stats
+        self.sink = sink
+        self.ledger = ledger
+        self.queue = queue
+        self.rate = encode_rate(voice.info, start)  # audio is framed at this rate
+        self.framer = make_framer(start, self.rate, shared.opus_config)
+        self.heard = HeardFormat.of(voice.info, self.framer)
+        self.spoken: list[str] = []
+        self.first_hint_ms: float | None = None
+        # the first segment's way to its first frame: synthesis start, first
+        # PCM, first frames queued; the voice's own marks (see SynthesisRequest)
+        self.first_times: dict[str, float] = {}
+        self.first_marks = Marks(shared.clock)
+        self._blocked_s = 0.0  # time the current segment waited on a full sink
+
+    async def run(self) -> None:
+        """Speak every segment, then the framer's tail (the last frame)."""
+        framer = self.framer
+        resampler: Resampler | None = None
+        pending_start = False  # a segment began; its first frame carries the flag
+        while True:
+            seg = await self.queue.get()
+            if seg is None:
+                break
+            if resampler is None:
+                resampler = Resampler(self.voice.info.sample_rate, self.rate)
+            self.sink.control(SegmentStarted(
+                context=self.start.context, index=seg.index, text=seg.text, source=seg.source,
+                seq=self.ledger.next_seq))
+            pending_start = True
+            self._send_hint(seg)  # fresh rtf for a resume after underrun
+            pending_start = await self._speak(seg, resampler, pending_start)
+        tail: list[bytes] = []
+        if resampler is not None:
+            tail.extend(framer.push(resampler.flush()))
+        tail.extend(framer.finish())
+        if tail:
+            await self._put(tail, segment_start=pending_start, last=True)
+
+    async def _speak(self, seg: Segment, resampler: Resampler, pending_start: bool) -> bool:
+        """Synthesize ``seg`` into the sink; returns whether its first frame
+        is still to come (``segment_start`` for the next frames)."""
+        framer = self.framer
+        ledger = self.ledger
+        now = self.shared.clock.now
+        first_audio = ledger.next_seq == 0
+        request = SynthesisRequest(
+            text=seg.text, request_id=f"{self.start.context}-{next(_request_ids)}",
+            first=seg.index == 0, deadline=self._deadline(),
+            marks=self.first_marks if first_audio else None, clock=self.shared.clock)
+        began = now()
+        if first_audio:
+            self.first_times = {"began": began}
+        seg_samples = 0
+        live = self.stats.live
+        live.begin(request.request_id, began)
+        try:
+            async with contextlib.aclosing(self.voice.synthesize(request)) as chunks:
+                async for chunk in chunks:
+                    if first_audio and "pcm" not in self.first_times:
+                        self.first_times["pcm"] = now()
+                    seg_samples += len(chunk.samples)
+                    live.progress(request.request_id, seg_samples / chunk.sample_rate,
+                                  self._blocked_s, now())
+                    pcm = resampler.process(chunk.samples)
+                    head = 0
+                    if ledger.next_seq == 0:
+                        # the context's first audio: encode and send a few frames
+                        # before the rest of the chunk (Opus costs ~0.2 ms a frame)
+                        head = min(len(pcm), FIRST_SEND_FRAMES * framer.frame_samples)
+                    for part in (pcm[:head], pcm[head:]) if head else (pcm,):
+                        frames = await self._encode(part)
+                        if frames:
+                            if first_audio and "queued" not in self.first_times:
+                                self.first_times["queued"] = now()
+                            await self._put(frames, segment_start=pending_start, last=False)
+                            pending_start = False
+                            if head:
+                                await asyncio.sleep(0)  # let the sink deliver them now
+        except (RtError, SinkClosed):
+            raise
+        except Exception as exc:  # a voice bug fails this context only
+            raise EngineFailed(f"voice failed: {exc}", context=self.start.context) from exc
+        finally:
+            live.end(request.request_id)
+        # generation time: without the waits on a full sink, which are the
+        # client's pace, not the voice's
+        gen_s = max(0.0, now() - began - self._blocked_s)
+        self._blocked_s = 0.0
+        audio_ms = 1000.0 * seg_samples / self.voice.info.sample_rate
+        self.stats.observe_segment(len(seg.text), audio_ms, gen_s, now())
+        self.shared.metrics.observe_rtf(self.voice.info.name,
+                                        gen_s * 1000.0 / audio_ms if audio_ms else 0.0)
+        self.spoken.append(seg.text)
+        return pending_start
+
+    async def _encode(self, pcm: FloatArray) -> list[bytes]:
+        """Frame ``pcm``: inline when short, else on the encode threads (libopus
+        is called through ctypes, which releases the GIL), so that many
+        streams' encoding spreads over the cores instead of the event loop."""
+        framer: Framer = self.framer
+        pool = self.shared.encode_pool
+        if pool is None or len(pcm) < OFFLOAD_FRAMES * framer.frame_samples:
+            return framer.push(pcm)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool, framer.push, pcm)
+
+    async def _put(self, frames: list[bytes], *, segment_start: bool, last: bool) -> None:
+        """Number the frames and put them into the sink (waiting while it is full)."""
+        ledger = self.ledger
+        seq = ledger.next_seq
+        ledger.next_seq = seq + len(frames)
+        clock = self.shared.clock
+        t = clock.now()
+        await self.sink.audio(AudioFrames(ledger, seq, tuple(frames), segment_start, last))
+        self._blocked_s += clock.now() - t
+
+    # --- hints -----------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        """When the listener needs the next audio: start of play + audio queued."""
+        sent = self.ledger.first_sent_at
+        if sent is None:
+            return self.shared.clock.now()
+        return sent + self.ledger.next_seq * self.start.frame_ms / 1000.0
+
+    def _send_hint(self, seg: Segment) -> None:
+        stats = self.stats
+        hints = self.shared.hint_config
+        now = self.shared.clock.now()
+        rtf = stats.rtf_estimate(hints.percentile, now)
+        chunks, cost = hint_chunks(self.voice.info, self.heard,
+                                   at_start=self.ledger.next_seq == 0,
+                                   segment_chars=len(seg.text), index=seg.index,
+                                   audio_ms_per_char=stats.audio_ms_per_char,
+                                   limit=self.shared.segmenter_config.limit)
+        hint = prebuffer_ms(rtf, chunks, hints.jitter_ms, cost_ms=cost)
+        if self.first_hint_ms is None:
+            self.first_hint_ms = hint
+        elapsed = 0.0
+        if self.ledger.first_sent_at is not None:
+            elapsed = 1000.0 * (now - self.ledger.first_sent_at)
+        self.sink.control(BufferHint(
+            context=self.start.context, prebuffer_ms=round(hint, 1), rtf=round(rtf, 4),
+            ahead_ms=round(ahead_ms(self.ledger.next_seq * self.start.frame_ms, elapsed), 1)))
+
+
+__all__ = ["FIRST_SEND_FRAMES", "OFFLOAD_FRAMES", "Speaker"]

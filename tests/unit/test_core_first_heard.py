@@ -1,0 +1,108 @@
+"""The core's one first-heard model: the pure maths, and ``SpeechCore.
+predicted_first_heard_ms`` (what the WebSocket path and the HTTP API ask
+admission with) against what a listener of the context really gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from rtserver.clock import ManualClock
+from rtserver.core import SpeechCore
+from rtserver.core.first_heard import (
+    FIRST_SEGMENT_CHARS,
+    first_heard_ms,
+    hint_chunks,
+)
+from rtserver.core.framing import HeardFormat
+from rtserver.pacing.hints import prebuffer_ms, simulate_playback
+from rtserver.protocol.messages import BufferHint, Start
+from rtserver.text.segmenter import SegmenterConfig
+from rtserver.voices.base import VoiceInfo
+from tests.unit.test_core_heard_hint import COST_MS, OPUS, PLAN_MS, PlannedVoice, R, _speak
+
+
+def test_first_heard_one_chunk_is_its_synthesis() -> None:
+    # Piper: the first segment is one chunk of 1 s made at r 0.2; the hint
+    # (J = 40 ms of audio) is held as soon as it arrives
+    assert first_heard_ms(0.2, [1000.0], 40.0) == pytest.approx(200.0)
+
+
+def test_first_heard_waits_for_the_prebuffer_chunk() -> None:
+    chunks = [100.0, 300.0, 1000.0]
+    heard = first_heard_ms(0.5, chunks, 40.0)
+    # the hint waits for chunk 2 (hints.py's example): it arrives at
+    # 0.5 * (100 + 300 + 1000) = 700 ms
+    assert prebuffer_ms(0.5, chunks, 40.0) == pytest.approx(440.0)
+    assert heard == pytest.approx(700.0)
+
+
+def test_first_heard_grows_with_r() -> None:
+    chunks = [500.0, 1000.0, 2000.0, 4000.0]
+    values = [first_heard_ms(r, chunks, 40.0) for r in (0.1, 0.5, 0.9, 1.5)]
+    assert values == sorted(values) and values[-1] > 5000
+
+
+def test_hint_chunks_of_a_sentence_voice_and_of_a_streaming_one() -> None:
+    heard = HeardFormat(in_rate=24000, out_rate=24000, frame_samples=480, pre_skip=0)
+    sentence = VoiceInfo(name="s", family="t", sample_rate=24000)
+    chunks, cost = hint_chunks(sentence, heard, at_start=True, segment_chars=36, index=0,
+                               audio_ms_per_char=50.0, limit=lambda k: 80 if k else 250)
+    assert chunks == [36 * 50.0] + [80 * 50.0] * 4 and cost is None
+    streaming = VoiceInfo(name="v", family="t", sample_rate=24000,
+                          chunk_plan_ms=(60.0, 120.0), chunk_cost_ms=(90.0, 150.0))
+    chunks, cost = hint_chunks(streaming, heard, at_start=True, segment_chars=36, index=0,
+                               audio_ms_per_char=50.0, limit=lambda k: 250)
+    assert chunks == [60.0, 120.0] and cost == [90.0, 150.0]  # whole frames already
+
+
+def test_nothing_measured_predicts_nothing_to_refuse_on() -> None:
+    clock = ManualClock(50.0)
+    voice = PlannedVoice(clock)
+    core = SpeechCore({voice.info.name: voice}, clock=clock)  # type: ignore[dict-item]
+    assert core.predicted_first_heard_ms(Start(context="c", **OPUS)) == 0.0  # type: ignore[arg-type]
+
+
+async def test_the_prediction_is_when_a_listener_of_the_context_starts_playing() -> None:
+    """Admission's prediction for a new context equals the moment a listener
+    honouring that context's first hint starts playing, counted from the
+    text that completed its first segment (PROTOCOL.md's TTFA origin)."""
+    clock = ManualClock(50.0)
+    voice = PlannedVoice(clock)
+    core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
+                      segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
+    await _speak(core, clock, "warm")  # the voice is measured: r is R
+    start = Start(context="c", **OPUS)  # type: ignore[arg-type]
+    predicted = core.predicted_first_heard_ms(start)
+    text_at = clock.now()  # the whole sentence arrives now (_speak feeds, then ends)
+    sink = await _speak(core, clock, "c")
+    hint = next(e for e in sink.events if isinstance(e, BufferHint))
+    # the listener holds what arrives: 20 ms frames, less the Opus pre-skip
+    # (6.5 ms) at the very start; it starts once it holds the hint
+    arrivals = [(1000.0 * (t - text_at), 20.0 * n) for t, n in sink.sent]
+    arrivals[0] = (arrivals[0][0], arrivals[0][1] - 6.5)
+    started = simulate_playback(arrivals, hint.prebuffer_ms).start_ms
+    assert started is not None and started > R * COST_MS[0]  # not on chunk 0
+    assert predicted == pytest.approx(started, abs=1.0)
+    # planned with the voice's own chunk sizes, it would promise chunk 0
+    assert first_heard_ms(R, PLAN_MS, 40.0, cost_ms=COST_MS) < started - 10.0
+
+
+def test_the_prediction_counts_the_new_context_in_the_load() -> None:
+    """With contexts running, r is asked at the load with the new one added:
+    the r its first hint will plan with once it runs."""
+    clock = ManualClock(0.0)
+    voice = PlannedVoice(clock)
+    voice.info = VoiceInfo(name="planned:v", family="planned", sample_rate=22050,
+                           parallel_segments=2)
+    core = SpeechCore({voice.info.name: voice}, clock=clock)  # type: ignore[dict-item]
+    stats = core.stats_for(voice.info.name)
+    stats.rtf.observe(0.2, 1.0, now=0.0, load=2)  # r 0.2 with 2 contexts on 2 workers
+    start = Start(context="c", format="pcm_s16le", sample_rate=24000)
+    core.load.active = 2
+    at_3 = core.predicted_first_heard_ms(start)
+    chars = min(core.segmenter_config.limit(0), FIRST_SEGMENT_CHARS)
+    first_ms = chars * stats.audio_ms_per_char
+    # one sentence-sized first chunk at r 0.2 * 3/2 (3 contexts on 2 workers)
+    assert at_3 == pytest.approx(0.3 * first_ms)
+    core.load.active = 1
+    assert core.predicted_first_heard_ms(start) == pytest.approx(0.2 * first_ms)
