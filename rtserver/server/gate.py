@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from rtserver.config import AdmissionConfig, ServerConfig
 from rtserver.errors import (
@@ -79,6 +80,19 @@ def plan_first_chunks(chunk_plan_ms: Sequence[float], chunk_cost_ms: Sequence[fl
     return [first, *(limit(k) * audio_ms_per_char for k in range(1, 5))], None
 
 
+class VoiceHealth(Protocol):
+    """A voice that knows when it cannot serve (one behind a GPU worker
+    process, rtserver/worker/remote.py)."""
+
+    def admit(self, context: str) -> None:
+        """Raise the refusal of a new context now, or return."""
+        ...
+
+    def down(self) -> str | None:
+        """Why the voice is down (``/ready`` 503), or None."""
+        ...
+
+
 class Gate:
     def __init__(self, config: AdmissionConfig, voices: Iterable[str]) -> None:
         self.config = config
@@ -87,6 +101,7 @@ class Gate:
         self.breakers = {v: CircuitBreaker(v, config.breaker_failures,
                                            config.breaker_cooldown_s,
                                            config.breaker_max_cooldown_s) for v in voices}
+        self.health: dict[str, VoiceHealth] = {}  # voices that report their own health
         self.draining = False
         # HMAC key of browser tokens: configured, or made for this process
         self.secret = config.token_secret.encode() or secrets.token_bytes(32)
@@ -104,6 +119,9 @@ class Gate:
         breaker = self.breakers.get(voice)
         if breaker is not None:
             breaker.admit(now, context)
+        health = self.health.get(voice)
+        if health is not None:
+            health.admit(context)
         self.rates.context(key, now, context)
         if self.config.first_heard_target_ms > 0:
             self.load.check(predicted_ms(), context)
@@ -127,7 +145,8 @@ class Gate:
 
     def engine_up(self, voice: str, now: float) -> bool:
         breaker = self.breakers.get(voice)
-        return breaker is None or breaker.up(now)
+        health = self.health.get(voice)
+        return (breaker is None or breaker.up(now)) and (health is None or health.down() is None)
 
     @property
     def engine_dead(self) -> bool:
@@ -138,6 +157,8 @@ class Gate:
         if self.draining:
             return False, "draining"
         down = [v for v, b in self.breakers.items() if not b.up(now)]
+        down += [f"{v} ({why})" for v, h in self.health.items() if (why := h.down()) is not None
+                 and v not in down]
         if down:
             return False, "voice down: " + ", ".join(down)
         return True, "ready"
@@ -171,5 +192,5 @@ class MessagePace:
         return 0.0
 
 
-__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "plan_first_chunks",
-           "predicted_first_heard_ms", "reject_reason"]
+__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "VoiceHealth",
+           "plan_first_chunks", "predicted_first_heard_ms", "reject_reason"]

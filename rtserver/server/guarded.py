@@ -1,7 +1,8 @@
 """A voice seen through its circuit breaker: the server wraps every loaded
 voice in ``GuardedVoice`` so that each synthesis reports to the ``Gate``:
 a synthesis that ends is a success, an exception a failure (``EngineDead``: the engine is
-gone for good, and ``on_dead`` is called once). The core never knows."""
+gone for good, and ``on_dead`` is called once; ``EngineLost``: the GPU worker
+process went away, which the voice's own health reports, so not counted). The core never knows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 
 from rtserver.audio.pcm import PcmChunk
-from rtserver.errors import EngineDead
+from rtserver.errors import EngineDead, EngineLost
 from rtserver.server.gate import Gate
 from rtserver.voices.base import SynthesisRequest, Voice, VoiceInfo
 
@@ -47,6 +48,8 @@ class GuardedVoice:
         try:
             async for chunk in chunks:
                 yield chunk
+        except EngineLost:  # its GPU worker went away: the voice's health says so
+            raise
         except EngineDead as exc:
             log.error("voice %s: its engine is dead: %s", name, exc)
             first = not self._gate.engine_dead

@@ -45,6 +45,9 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.admission, self.voices)
+        for name, voice in self.voices.items():
+            if callable(getattr(voice, "admit", None)) and callable(getattr(voice, "down", None)):
+                self.gate.health[name] = voice  # type: ignore[assignment]
         self.voices = {name: GuardedVoice(voice, self.gate, self.clock.now,
                                           on_dead=self._engine_died)
                        for name, voice in self.voices.items()}
