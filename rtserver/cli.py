@@ -60,7 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         if s.port == 0:
             raise ConfigError("gpu.worker = 'process' needs a fixed port (not 0)")
-        return supervise_split(config, passed)
+        # the workers take the voices' settings, not the listener's
+        worker_args = [a for i in range(0, len(passed), 2) if passed[i] not in ("--host", "--port")
+                       for a in passed[i:i + 2]]
+        return supervise_split(config, passed, worker_args)
     if s.workers.strip() != "1":
         plan = plan_workers(s.workers)
         if s.port == 0:

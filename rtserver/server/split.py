@@ -34,15 +34,16 @@ def frontends_per_worker(config: Config, workers: int, cores: int | None = None)
     return max(1, min(8, cores // 2) // workers)
 
 
-def supervise_split(config: Config, passed: Sequence[str]) -> int:
-    """Run the workers and front ends until SIGTERM; the supervisor's status."""
+def supervise_split(config: Config, passed: Sequence[str], worker_args: Sequence[str]) -> int:
+    """Run the workers (``rtserver worker *worker_args``) and the front ends
+    (``rtserver serve *passed``) until SIGTERM; the supervisor's status."""
     s = config.server
     gpus = plan_workers(s.workers).gpus
     run_dir = tempfile.mkdtemp(prefix="rtserver-")
     try:
         endpoints = [f"ipc://{run_dir}/gpu-worker-{i}.sock" for i in range(len(gpus))]
         services = [Service(f"gpu worker {i}",
-                            (sys.executable, "-m", "rtserver", "worker", *passed),
+                            (sys.executable, "-m", "rtserver", "worker", *worker_args),
                             gpu=gpu, env=((ENV_ENDPOINT, ep),))
                     for i, (gpu, ep) in enumerate(zip(gpus, endpoints, strict=True))]
         count = frontends_per_worker(config, len(gpus)) * len(gpus)

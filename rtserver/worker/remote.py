@@ -147,7 +147,8 @@ class WorkerLink:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.up = False  # no loss to report: this side closes
         self._lost("the front end closes")
-        self._sock.disable_monitor()
+        if not self._sock.closed:
+            self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
         self._ctx.term()

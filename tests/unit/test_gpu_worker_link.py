@@ -1,0 +1,278 @@
+"""The GPU worker's seam without a model: a ``WorkerServer`` serving fake
+voices on an ipc socket and a front end's ``WorkerLink`` / ``RemoteVoice`` in
+the same loop, over real ZMQ sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from rtserver.audio.pcm import PcmChunk
+from rtserver.clock import ManualClock
+from rtserver.config import GpuConfig, load_config
+from rtserver.errors import Busy, EngineLost, EngineUnavailable, Overloaded, UnknownVoice
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
+from rtserver.worker import messages as m
+from rtserver.worker.proc import WorkerServer, capacity_of
+from rtserver.worker.remote import RemoteVoice, WorkerLink, split_specs
+
+RATE = 24000
+CHUNK = RATE // 10  # 100 ms
+CONFIG = GpuConfig(heartbeat_s=0.05, timeout_s=1.0, request_buffer_s=1.0)
+
+
+class FakeVoice:
+    """``chunks`` chunks of 100 ms whose first sample is the chunk's index;
+    ``hang``: one chunk, then waits until cancelled. Counts what is open."""
+
+    def __init__(self, name: str, *, chunks: int = 5, hang: bool = False) -> None:
+        self._info = VoiceInfo(name=name, family="fake", sample_rate=RATE, chunk_plan_ms=(100.0,))
+        self.chunks, self.hang = chunks, hang
+        self.open = 0
+        self.cancelled = 0
+        self.requests: list[SynthesisRequest] = []
+
+    @property
+    def info(self) -> VoiceInfo:
+        return self._info
+
+    async def warm_up(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+        self.open += 1
+        self.requests.append(request)
+        try:
+            for i in range(self.chunks):
+                if request.marks is not None:
+                    request.marks.mark(MODEL_OUTPUT_MARK)
+                samples = np.zeros(CHUNK, np.float32)
+                samples[0] = i
+                yield PcmChunk(samples, RATE)
+                if self.hang:
+                    await asyncio.Event().wait()
+                await asyncio.sleep(0)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled += 1
+            raise
+        finally:
+            self.open -= 1
+
+
+async def until(cond: Callable[[], bool], within: float = 5.0) -> None:
+    """Wait until ``cond()`` holds (polling an observable state)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+class Rig:
+    def __init__(self, tmp: Path, voices: list[FakeVoice], capacity: int = 0) -> None:
+        self.endpoint = f"ipc://{tmp}/w.sock"
+        self.voices = voices
+        self.capacity = capacity
+        self.stop = asyncio.Event()
+        self.server: WorkerServer | None = None
+        self.task: asyncio.Task[int] | None = None
+
+    def start_worker(self) -> None:
+        self.stop = asyncio.Event()
+        self.server = WorkerServer({v.info.name: v for v in self.voices},
+                                   by_spec={v.info.name: v.info.name for v in self.voices},
+                                   default=self.voices[0].info.name,
+                                   capacity={"fake": self.capacity}, config=CONFIG)
+        self.task = asyncio.create_task(self.server.serve(self.endpoint, self.stop))
+
+    async def stop_worker(self) -> None:
+        assert self.task is not None
+        self.stop.set()
+        assert await self.task == 0
+
+
+@contextlib.asynccontextmanager
+async def rig(tmp: Path, voices: list[FakeVoice], capacity: int = 0
+              ) -> AsyncIterator[tuple[Rig, WorkerLink, dict[str, RemoteVoice]]]:
+    r = Rig(tmp, voices, capacity)
+    r.start_worker()
+    link = WorkerLink(r.endpoint, CONFIG)
+    try:
+        ready = await asyncio.wait_for(link.start(), 10)
+        remote = {e.name: RemoteVoice(link, VoiceInfo(**msgspec.structs.asdict(e)))
+                  for e in ready.voices}
+        yield r, link, remote
+    finally:
+        await link.close()
+        if r.task is not None and not r.task.done():
+            await r.stop_worker()
+
+
+def request(rid: str, *, first: bool = True, marks: Marks | None = None,
+            clock: ManualClock | None = None) -> SynthesisRequest:
+    if clock is None:
+        return SynthesisRequest(text="hello", request_id=rid, first=first, marks=marks)
+    return SynthesisRequest(text="hello", request_id=rid, first=first, marks=marks, clock=clock,
+                            deadline=clock.now() + 2.0)
+
+
+def test_messages_round_trip_and_refuse_garbage() -> None:
+    msg = m.Synthesize(request_id="a-1", voice="chattts:alice", text="Hi.", first=True,
+                       deadline=12.5, want_marks=True)
+    assert m.decode_down(m.encode(msg)) == msg
+    up = m.Failed(request_id="a-1", code="overloaded", message="full", retry_after_ms=250)
+    assert m.decode_up(m.encode(up)) == up
+    with pytest.raises(msgspec.DecodeError):
+        m.decode_down(m.encode(up))  # an up message is not a down one
+
+
+async def test_audio_in_order_with_the_info_and_the_mark(tmp_path: Path) -> None:
+    """Chunks arrive whole and in order; the info is the worker's; the model
+    output mark comes back on the front end's own clock."""
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (_, _, remote):
+        rv = remote["fake:a"]
+        assert rv.info == voice.info
+        clock = ManualClock(1000.0)
+        marks = Marks(clock)
+        got = [c async for c in rv.synthesize(request("r1", marks=marks, clock=clock))]
+    assert [int(c.samples[0]) for c in got] == [0, 1, 2, 3, 4]
+    assert all(len(c.samples) == CHUNK and c.sample_rate == RATE for c in got)
+    # the worker saw a deadline 2 s ahead on its clock; the mark is near the
+    # front end's clock (1000 s), not the worker's monotonic time
+    seen = voice.requests[0]
+    assert seen.deadline is not None and 1.5 < seen.deadline - seen.clock.now() <= 2.0
+    assert abs(marks[MODEL_OUTPUT_MARK] - 1000.0) < 1.0
+
+
+async def test_cancel_reaches_the_voice_and_frees_the_request(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice]) as (r, link, remote):
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        assert voice.open == 1
+        await until(lambda: link.active("fake") == 1)  # the worker's published load
+        await gen.aclose()  # the core stops early: Cancel goes down
+        await until(lambda: voice.open == 0)
+        assert voice.cancelled == 1
+        await until(lambda: link.active("fake") == 0)
+        assert r.server is not None and not r.server.active["fake"]
+
+
+async def test_capacity_refuses_new_contexts_in_the_worker_and_the_gate(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice], capacity=1) as (_, link, remote):
+        rv = remote["fake:a"]
+        held = rv.synthesize(request("r1"))
+        await held.__anext__()
+        # the worker refuses a second context's first segment over its capacity
+        with pytest.raises(Busy) as exc:
+            await rv.synthesize(request("r2")).__anext__()
+        assert exc.value.retry_after_ms
+        await until(lambda: link.active("fake") == 1)
+        with pytest.raises(Busy):  # and the front end's admission knows it
+            rv.admit("ctx")
+        await held.aclose()
+        await until(lambda: link.active("fake") == 0)
+        rv.admit("ctx")
+
+
+async def test_unknown_voice_is_unknown_voice(tmp_path: Path) -> None:
+    async with rig(tmp_path, [FakeVoice("fake:a")]) as (_, link, _):
+        ghost = RemoteVoice(link, VoiceInfo(name="fake:ghost", family="fake", sample_rate=RATE))
+        with pytest.raises(UnknownVoice):
+            await ghost.synthesize(request("r1")).__anext__()
+
+
+async def test_a_front_end_that_goes_away_loses_its_requests(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice]) as (r, _, _):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        rv = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+        gen = rv.synthesize(request("r1"))
+        await gen.__anext__()
+        assert voice.open == 1
+        # the front end's socket closes without a Cancel (its process died)
+        other._sock.close(linger=0)
+        await until(lambda: voice.open == 0)
+        assert voice.cancelled == 1
+        await other.close()
+
+
+async def test_a_consumer_that_does_not_take_its_audio_fails_overloaded(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", chunks=40)  # 4 s, past the 1 s bound
+    async with rig(tmp_path, [voice]) as (_, link, remote):
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        await until(lambda: voice.open == 0)  # the worker never waited for us
+        with pytest.raises(Overloaded):
+            async for _ in gen:
+                pass
+        assert link.up  # one request failed; the worker is fine
+
+
+async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice]) as (r, link, remote):
+        rv = remote["fake:a"]
+        epoch = link.ready.epoch if link.ready else ""
+        gen = rv.synthesize(request("r1"))
+        await gen.__anext__()
+        await r.stop_worker()  # its socket closes, as when the process dies
+        with pytest.raises(EngineLost):
+            await gen.__anext__()
+        assert rv.down() is not None
+        with pytest.raises(EngineUnavailable):
+            rv.admit("ctx")
+        with pytest.raises(EngineLost):
+            await rv.synthesize(request("r2")).__anext__()
+        voice.hang = False
+        r.start_worker()  # the supervisor's restart
+        await until(lambda: rv.down() is None)
+        assert link.ready is not None and link.ready.epoch != epoch
+        got = [c async for c in rv.synthesize(request("r3"))]
+        assert len(got) == 5
+
+
+def test_specs_split_between_the_front_end_and_the_worker() -> None:
+    cfg = load_config(env={}, flags={"voice.default": "chattts:alice",
+                                     "voice.extra": "piper:en_US-joe-medium,orpheus:tara",
+                                     "gpu.endpoint": "ipc:///nowhere"})
+    local, remote = split_specs(cfg)
+    assert local == ["piper:en_US-joe-medium"]
+    assert remote == ["chattts:alice", "orpheus:tara"]
+    assert capacity_of(cfg, "chattts") == 64  # chattts.slots
+    assert capacity_of(cfg, "orpheus") == 256  # orpheus.max_num_seqs
+
+
+def test_front_end_imports_no_torch() -> None:
+    """The serving path of a front end (server, remote voices, config) in a
+    fresh interpreter leaves torch and vLLM out of ``sys.modules``."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from rtserver.config import load_config\n"
+            "import rtserver.cli, rtserver.server.app, rtserver.worker.remote as r\n"
+            "cfg = load_config(env={}, flags={'voice.default': 'chattts:alice', "
+            "'gpu.endpoint': 'ipc:///nowhere'})\n"
+            "print(r.split_specs(cfg))\n"
+            "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
+            "sys.exit(f'imported {bad}' if bad else 0)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+
+
