@@ -36,8 +36,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import zmq
@@ -47,8 +46,10 @@ from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice
-from rtserver.voices.registry import VoiceSet, family_of, load_voices
+from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
+from rtserver.worker.placement import capacity_of, split_specs
+from rtserver.worker.sockets import sent_now
 
 log = logging.getLogger("rtserver.worker")
 
@@ -60,35 +61,8 @@ SEND_HWM = 120_000
 ENGINE_DEAD_EXIT = 70
 
 
-def sent_now(sent: Awaitable[Any]) -> None:
-    """Raise what a ``DONTWAIT`` send of a zmq.asyncio socket raised: pyzmq
-    tries such a send at once and returns a finished future."""
-    cast("asyncio.Future[Any]", sent).result()
-
-
 class PeerGone(Exception):
     """A send found its front end gone (EHOSTUNREACH with ROUTER_MANDATORY)."""
-
-
-def worker_specs(config: Config) -> list[str]:
-    """The configured voice specs (default first) whose family the GPU worker serves."""
-    v = config.voice
-    specs = [v.default, *[s for s in v.extra if s != v.default]]
-    return [s for s in specs if family_of(s).name in config.gpu.families]
-
-
-def capacity_of(config: Config, family: str) -> int:
-    """Requests the worker serves at once for ``family``: ``[gpu] max_requests``,
-    else the rows of the family's engine batch (``slots`` of ChatTTS's torch
-    engine, ``max_num_seqs`` of vLLM)."""
-    if config.gpu.max_requests > 0:
-        return config.gpu.max_requests
-    section = config.families.get(family)
-    for name in ("slots", "max_num_seqs"):
-        rows = getattr(section, name, None)
-        if isinstance(rows, int) and rows > 0:
-            return rows
-    return 0  # not bounded here
 
 
 @dataclasses.dataclass
@@ -171,7 +145,10 @@ class WorkerServer:
     async def _run(self, peer: bytes, voice: Voice, msg: m.Synthesize) -> None:
         rid = msg.request_id
         marks = Marks(SYSTEM_CLOCK) if msg.want_marks else None
-        request = SynthesisRequest(text=msg.text, request_id=rid, first=msg.first,
+        # front ends number requests each on their own: the engines see the
+        # front end's identity too, so two front ends' ids never meet there
+        request = SynthesisRequest(text=msg.text, request_id=f"{peer.hex()}/{rid}",
+                                   first=msg.first,
                                    deadline=msg.deadline, marks=marks, clock=SYSTEM_CLOCK)
         mark_sent = marks is None
         try:
@@ -302,7 +279,7 @@ class WorkerServer:
 
 async def load_worker_voices(config: Config, say: Callable[[str], None]) -> VoiceSet:
     """Load and warm the GPU families' voices of ``config``."""
-    specs = worker_specs(config)
+    _, specs = split_specs(config)
     if not specs:
         raise ConfigError(f"the GPU worker serves the families {', '.join(config.gpu.families)}"
                           " but no configured voice is of them")
@@ -347,5 +324,4 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
         await voice_set.close()
 
 
-__all__ = ["ENGINE_DEAD_EXIT", "WorkerServer", "capacity_of", "load_worker_voices",
-           "run_worker", "sent_now", "worker_specs"]
+__all__ = ["ENGINE_DEAD_EXIT", "WorkerServer", "load_worker_voices", "run_worker"]

@@ -55,9 +55,10 @@ from rtserver.errors import (
     UnknownVoice,
 )
 from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
-from rtserver.voices.registry import VoiceSet, family_of, load_voices
+from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
-from rtserver.worker.proc import sent_now
+from rtserver.worker.placement import split_specs
+from rtserver.worker.sockets import sent_now
 
 log = logging.getLogger("rtserver.worker")
 
@@ -352,14 +353,6 @@ class LinkCollector(Collector):
         yield cap
 
 
-def split_specs(config: Config) -> tuple[list[str], list[str]]:
-    """The configured voice specs (default first): (local ones, the GPU worker's)."""
-    v = config.voice
-    specs = [v.default, *[s for s in v.extra if s != v.default]]
-    remote = [s for s in specs if family_of(s).name in config.gpu.families]
-    return [s for s in specs if s not in remote], remote
-
-
 async def load_server_voices(config: Config, progress: Callable[[str], None]) -> VoiceSet:
     """The server's voices: all in this process, or, with ``[gpu] endpoint``
     set, the GPU families' through the worker there and the rest here."""
@@ -398,4 +391,4 @@ async def load_server_voices(config: Config, progress: Callable[[str], None]) ->
     return out
 
 
-__all__ = ["LinkCollector", "RemoteVoice", "WorkerLink", "load_server_voices", "split_specs"]
+__all__ = ["LinkCollector", "RemoteVoice", "WorkerLink", "load_server_voices"]

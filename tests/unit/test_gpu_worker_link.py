@@ -17,11 +17,20 @@ import pytest
 from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import ManualClock
 from rtserver.config import GpuConfig, load_config
-from rtserver.errors import Busy, EngineLost, EngineUnavailable, Overloaded, UnknownVoice
+from rtserver.errors import (
+    Busy,
+    EngineDead,
+    EngineFailed,
+    EngineLost,
+    EngineUnavailable,
+    Overloaded,
+    UnknownVoice,
+)
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
 from rtserver.worker import messages as m
-from rtserver.worker.proc import WorkerServer, capacity_of
-from rtserver.worker.remote import RemoteVoice, WorkerLink, split_specs
+from rtserver.worker.placement import capacity_of, split_specs
+from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerServer
+from rtserver.worker.remote import RemoteVoice, WorkerLink
 
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms
@@ -32,9 +41,10 @@ class FakeVoice:
     """``chunks`` chunks of 100 ms whose first sample is the chunk's index;
     ``hang``: one chunk, then waits until cancelled. Counts what is open."""
 
-    def __init__(self, name: str, *, chunks: int = 5, hang: bool = False) -> None:
+    def __init__(self, name: str, *, chunks: int = 5, hang: bool = False,
+                 die: bool = False) -> None:
         self._info = VoiceInfo(name=name, family="fake", sample_rate=RATE, chunk_plan_ms=(100.0,))
-        self.chunks, self.hang = chunks, hang
+        self.chunks, self.hang, self.die = chunks, hang, die
         self.open = 0
         self.cancelled = 0
         self.requests: list[SynthesisRequest] = []
@@ -59,6 +69,8 @@ class FakeVoice:
                 samples = np.zeros(CHUNK, np.float32)
                 samples[0] = i
                 yield PcmChunk(samples, RATE)
+                if self.die:
+                    raise EngineDead("the engine thread crashed")
                 if self.hang:
                     await asyncio.Event().wait()
                 await asyncio.sleep(0)
@@ -245,6 +257,37 @@ async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> Non
         assert len(got) == 5
 
 
+async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> None:
+    """Front ends number their requests on their own; the worker's engines
+    still see distinct ids, and each front end gets its own audio."""
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (r, _, remote):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        mine = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+
+        async def speak(rv: RemoteVoice) -> int:
+            return len([c async for c in rv.synthesize(request("ctx-1"))])
+
+        assert await asyncio.gather(speak(remote["fake:a"]), speak(mine)) == [5, 5]
+        await other.close()
+    ids = [req.request_id for req in voice.requests]
+    assert len(set(ids)) == 2 and all(i.endswith("/ctx-1") for i in ids)
+
+
+async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", die=True)
+    async with rig(tmp_path, [voice]) as (r, _, remote):
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        with pytest.raises(EngineFailed) as exc:
+            await gen.__anext__()
+        assert "crashed" in str(exc.value)
+        assert r.task is not None
+        # the worker exits with its status for the supervisor to restart it
+        assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
+
+
 def test_specs_split_between_the_front_end_and_the_worker() -> None:
     cfg = load_config(env={}, flags={"voice.default": "chattts:alice",
                                      "voice.extra": "piper:en_US-joe-medium,orpheus:tara",
@@ -264,7 +307,8 @@ def test_front_end_imports_no_torch() -> None:
 
     code = ("import sys\n"
             "from rtserver.config import load_config\n"
-            "import rtserver.cli, rtserver.server.app, rtserver.worker.remote as r\n"
+            "import rtserver.cli, rtserver.server.app, rtserver.worker.remote\n"
+            "import rtserver.worker.placement as r\n"
             "cfg = load_config(env={}, flags={'voice.default': 'chattts:alice', "
             "'gpu.endpoint': 'ipc:///nowhere'})\n"
             "print(r.split_specs(cfg))\n"
