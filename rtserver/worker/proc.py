@@ -57,6 +57,8 @@ log = logging.getLogger("rtserver.worker")
 # about 40 s of 24 kHz audio in ChatTTS's 512-sample chunks for each of 64
 # streams; a front end this far behind is not reading at all.
 SEND_HWM = 120_000
+# On exit, how long queued messages may take to go out (ms).
+CLOSE_LINGER_MS = 1000
 # Exit status after an engine died (as the server's, rtserver.server.app).
 ENGINE_DEAD_EXIT = 70
 
@@ -272,7 +274,9 @@ class WorkerServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            sock.close(linger=0)
+            # a second for the last failures to reach the front ends (an
+            # engine's death: its message says more than the disconnect)
+            sock.close(linger=CLOSE_LINGER_MS)
             ctx.term()
         return ENGINE_DEAD_EXIT if self.engine_dead.is_set() else 0
 

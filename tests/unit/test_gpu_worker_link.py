@@ -35,6 +35,8 @@ from rtserver.worker.remote import RemoteVoice, WorkerLink
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms
 CONFIG = GpuConfig(heartbeat_s=0.05, timeout_s=1.0, request_buffer_s=1.0)
+# silence would take a minute to count: what a test sees sooner came another way
+DEAF = GpuConfig(heartbeat_s=0.05, timeout_s=60.0, request_buffer_s=1.0)
 
 
 class FakeVoice:
@@ -42,9 +44,9 @@ class FakeVoice:
     ``hang``: one chunk, then waits until cancelled. Counts what is open."""
 
     def __init__(self, name: str, *, chunks: int = 5, hang: bool = False,
-                 die: bool = False) -> None:
+                 die: bool = False, pause_s: float = 0.0) -> None:
         self._info = VoiceInfo(name=name, family="fake", sample_rate=RATE, chunk_plan_ms=(100.0,))
-        self.chunks, self.hang, self.die = chunks, hang, die
+        self.chunks, self.hang, self.die, self.pause_s = chunks, hang, die, pause_s
         self.open = 0
         self.cancelled = 0
         self.requests: list[SynthesisRequest] = []
@@ -73,7 +75,7 @@ class FakeVoice:
                     raise EngineDead("the engine thread crashed")
                 if self.hang:
                     await asyncio.Event().wait()
-                await asyncio.sleep(0)
+                await asyncio.sleep(self.pause_s)
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled += 1
             raise
@@ -91,10 +93,12 @@ async def until(cond: Callable[[], bool], within: float = 5.0) -> None:
 
 
 class Rig:
-    def __init__(self, tmp: Path, voices: list[FakeVoice], capacity: int = 0) -> None:
+    def __init__(self, tmp: Path, voices: list[FakeVoice], capacity: int = 0,
+                 config: GpuConfig = CONFIG) -> None:
         self.endpoint = f"ipc://{tmp}/w.sock"
         self.voices = voices
         self.capacity = capacity
+        self.config = config
         self.stop = asyncio.Event()
         self.server: WorkerServer | None = None
         self.task: asyncio.Task[int] | None = None
@@ -104,7 +108,7 @@ class Rig:
         self.server = WorkerServer({v.info.name: v for v in self.voices},
                                    by_spec={v.info.name: v.info.name for v in self.voices},
                                    default=self.voices[0].info.name,
-                                   capacity={"fake": self.capacity}, config=CONFIG)
+                                   capacity={"fake": self.capacity}, config=self.config)
         self.task = asyncio.create_task(self.server.serve(self.endpoint, self.stop))
 
     async def stop_worker(self) -> None:
@@ -114,18 +118,19 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp: Path, voices: list[FakeVoice], capacity: int = 0
+async def rig(tmp: Path, voices: list[FakeVoice], capacity: int = 0,
+              worker: GpuConfig = CONFIG, link: GpuConfig = CONFIG
               ) -> AsyncIterator[tuple[Rig, WorkerLink, dict[str, RemoteVoice]]]:
-    r = Rig(tmp, voices, capacity)
+    r = Rig(tmp, voices, capacity, worker)
     r.start_worker()
-    link = WorkerLink(r.endpoint, CONFIG)
+    front = WorkerLink(r.endpoint, link)
     try:
-        ready = await asyncio.wait_for(link.start(), 10)
-        remote = {e.name: RemoteVoice(link, VoiceInfo(**msgspec.structs.asdict(e)))
+        ready = await asyncio.wait_for(front.start(), 10)
+        remote = {e.name: RemoteVoice(front, VoiceInfo(**msgspec.structs.asdict(e)))
                   for e in ready.voices}
-        yield r, link, remote
+        yield r, front, remote
     finally:
-        await link.close()
+        await front.close()
         if r.task is not None and not r.task.done():
             await r.stop_worker()
 
@@ -222,6 +227,22 @@ async def test_a_front_end_that_goes_away_loses_its_requests(tmp_path: Path) -> 
         await other.close()
 
 
+async def test_a_front_end_gone_mid_stream_is_seen_at_the_next_chunk(tmp_path: Path) -> None:
+    """A send to a vanished front end fails (ROUTER_MANDATORY): its requests
+    are cancelled then, not after the silence timeout (a minute here)."""
+    voice = FakeVoice("fake:a", chunks=1000, pause_s=0.02)
+    async with rig(tmp_path, [voice], worker=DEAF) as (r, _, _):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        rv = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+        gen = rv.synthesize(request("r1"))
+        await gen.__anext__()
+        other._sock.close(linger=0)
+        await until(lambda: voice.open == 0)
+        assert voice.cancelled == 1
+        await other.close()
+
+
 async def test_a_consumer_that_does_not_take_its_audio_fails_overloaded(tmp_path: Path) -> None:
     voice = FakeVoice("fake:a", chunks=40)  # 4 s, past the 1 s bound
     async with rig(tmp_path, [voice]) as (_, link, remote):
@@ -235,15 +256,17 @@ async def test_a_consumer_that_does_not_take_its_audio_fails_overloaded(tmp_path
 
 
 async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> None:
+    """Seen through the socket's disconnect (the link would wait a minute of
+    silence), as when the worker's process is killed."""
     voice = FakeVoice("fake:a", hang=True)
-    async with rig(tmp_path, [voice]) as (r, link, remote):
+    async with rig(tmp_path, [voice], link=DEAF) as (r, link, remote):
         rv = remote["fake:a"]
         epoch = link.ready.epoch if link.ready else ""
         gen = rv.synthesize(request("r1"))
         await gen.__anext__()
         await r.stop_worker()  # its socket closes, as when the process dies
         with pytest.raises(EngineLost):
-            await gen.__anext__()
+            await asyncio.wait_for(gen.__anext__(), 5)
         assert rv.down() is not None
         with pytest.raises(EngineUnavailable):
             rv.admit("ctx")
