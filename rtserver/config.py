@@ -167,6 +167,9 @@ class GpuConfig:
     # taken; past it the request fails with `overloaded` and is cancelled in
     # the worker, which never waits for a front end.
     request_buffer_s: float = 60.0
+    # > 0: the GPU worker serves /metrics (its engines' metrics and its load)
+    # on this port; under the supervisor, worker j on metrics_port + j.
+    metrics_port: int = 0
 
 
 def _default_families() -> Mapping[str, Any]:
@@ -378,6 +381,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"gpu.worker {g.worker!r}: 'off' or 'process'")
     if g.frontends < 0 or g.max_requests < 0:
         raise ConfigError("gpu.frontends and gpu.max_requests must be >= 0 (0: automatic)")
+    if not 0 <= g.metrics_port <= 65535:
+        raise ConfigError(f"gpu.metrics_port {g.metrics_port} is out of range")
     if not 0 < g.heartbeat_s < g.timeout_s or g.request_buffer_s <= 0:
         raise ConfigError("gpu: 0 < heartbeat_s < timeout_s and request_buffer_s > 0")
     if not 0 <= s.metrics_port <= 65535:

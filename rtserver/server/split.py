@@ -22,6 +22,7 @@ from rtserver.config import Config
 from rtserver.server.workers import Service, Supervisor, WorkerPlan, child_command, plan_workers
 
 ENV_ENDPOINT = "RTSERVER_GPU_ENDPOINT"  # the [gpu] endpoint field, by the config's rule
+ENV_METRICS = "RTSERVER_GPU_METRICS_PORT"
 
 
 def frontends_per_worker(config: Config, workers: int, cores: int | None = None) -> int:
@@ -42,10 +43,16 @@ def supervise_split(config: Config, passed: Sequence[str], worker_args: Sequence
     run_dir = tempfile.mkdtemp(prefix="rtserver-")
     try:
         endpoints = [f"ipc://{run_dir}/gpu-worker-{i}.sock" for i in range(len(gpus))]
+        base = config.gpu.metrics_port
+
+        def env_of(i: int) -> tuple[tuple[str, str], ...]:
+            metrics = ((ENV_METRICS, str(base + i)),) if base else ()
+            return ((ENV_ENDPOINT, endpoints[i]), *metrics)
+
         services = [Service(f"gpu worker {i}",
                             (sys.executable, "-m", "rtserver", "worker", *worker_args),
-                            gpu=gpu, env=((ENV_ENDPOINT, ep),))
-                    for i, (gpu, ep) in enumerate(zip(gpus, endpoints, strict=True))]
+                            gpu=gpu, env=env_of(i))
+                    for i, gpu in enumerate(gpus)]
         count = frontends_per_worker(config, len(gpus)) * len(gpus)
         # front end i serves worker i % n; CUDA_VISIBLE_DEVICES="" keeps any
         # stray CUDA use out of them

@@ -36,11 +36,15 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 import zmq
 import zmq.asyncio
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
@@ -186,6 +190,11 @@ class WorkerServer:
             if req is not None:
                 self.active[req.family] -= 1
 
+    @property
+    def frontends(self) -> int:
+        """Front ends heard from within the silence timeout."""
+        return len(self._seen)
+
     def _cancel(self, peer: bytes, request_id: str) -> None:
         req = self._requests.get((peer, request_id))
         if req is not None:
@@ -318,14 +327,57 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
                               capacity={f: capacity_of(config, f) for f in families},
                               config=config.gpu)
 
+        metrics = serve_metrics(config, voice_set, server)
+
         def listening() -> None:
             say(f"ready on {endpoint} (epoch {server.epoch}, capacity "
                 + ", ".join(f"{f} {c or 'unbounded'}" for f, c in server.capacity.items()) + ")")
             on_ready()
 
-        return await server.serve(endpoint, stop, on_listening=listening)
+        try:
+            return await server.serve(endpoint, stop, on_listening=listening)
+        finally:
+            if metrics is not None:
+                metrics.shutdown()
+                metrics.server_close()
     finally:
         await voice_set.close()
 
 
-__all__ = ["ENGINE_DEAD_EXIT", "WorkerServer", "load_worker_voices", "run_worker"]
+class WorkerCollector(Collector):
+    """The worker's own load: requests held and capacity per family, front ends."""
+
+    def __init__(self, server: WorkerServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        held = GaugeMetricFamily("rtserver_gpu_worker_requests",
+                                 "Requests the GPU worker holds (all front ends)",
+                                 labels=["family"])
+        cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
+                                "Requests the GPU worker serves at once", labels=["family"])
+        for family, n in self.server.capacity.items():
+            held.add_metric([family], float(self.server.active.get(family, 0)))
+            cap.add_metric([family], float(n))
+        fronts = GaugeMetricFamily("rtserver_gpu_worker_frontends",
+                                   "Front ends that spoke to the GPU worker lately")
+        fronts.add_metric([], float(self.server.frontends))
+        yield from (held, cap, fronts)
+
+
+def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer
+                  ) -> WSGIServer | None:
+    """``/metrics`` of the worker on ``[gpu] metrics_port`` (its engines' collectors
+    and ``WorkerCollector``) in prometheus_client's own thread; None when off."""
+    port = config.gpu.metrics_port
+    if not port:
+        return None
+    registry = CollectorRegistry()
+    for collector in [*voice_set.collectors, WorkerCollector(server)]:
+        registry.register(collector)
+    httpd, _ = start_http_server(port, addr=config.server.host, registry=registry)
+    return httpd
+
+
+__all__ = ["ENGINE_DEAD_EXIT", "WorkerCollector", "WorkerServer", "load_worker_voices",
+           "run_worker", "serve_metrics"]

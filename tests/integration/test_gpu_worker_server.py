@@ -58,7 +58,7 @@ class Split:
         write_tiny_chattts(root)
         vec = np.random.default_rng(5).standard_normal(32).astype(np.float32)
         (root / "voices.json").write_text(json.dumps({"alice": encode_speaker(vec)}))
-        self.port, self.metrics_base = free_port(), free_port()
+        self.port, self.metrics_base, self.worker_metrics = free_port(), free_port(), free_port()
         cfg = tmp / "rtserver.toml"
         cfg.write_text(
             f'[server]\nmetrics_port = {self.metrics_base}\ndrain_timeout_s = 5\n'
@@ -66,7 +66,8 @@ class Split:
             f'[chattts]\nasset_dir = "{root}"\ndevice = "cpu"\nslots = 2\nmax_len = 512\n'
             f'voices_file = "{root / "voices.json"}"\nseeds = "1"\nignore_eos = true\n'
             f'budget_base_s = {BUDGET_S}\nbudget_s_per_char = 0.0\nwarm_up_steps = 2\n'
-            '[gpu]\nworker = "process"\nfrontends = 2\n')
+            '[gpu]\nworker = "process"\nfrontends = 2\n'
+            f'metrics_port = {self.worker_metrics}\n')
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rtserver", "serve", "--config", str(cfg),
              "--port", str(self.port)],
@@ -188,6 +189,11 @@ async def test_speaks_through_the_worker_and_front_ends_load_no_torch(split: Spl
     # the worker's process maps libtorch, the front end's does not
     assert mapped(split.worker_pid(), "libtorch")
     assert not mapped(front_pid, "libtorch")
+    # the worker serves its engine's metrics and its own load
+    body = scrape(f"http://127.0.0.1:{split.worker_metrics}/metrics")
+    assert 'rtserver_gpu_worker_capacity{family="chattts"} 2.0' in body
+    assert "rtserver_gpu_worker_frontends 2.0" in body
+    assert "rtserver_engine_" in body
 
 
 async def test_cancel_frees_the_slot_in_the_worker(split: Split) -> None:
