@@ -110,6 +110,28 @@ def test_a_child_that_keeps_dying_is_restarted_then_gives_up() -> None:
     assert any("died 3 times" in line for line in said), said
 
 
+def test_a_dead_childs_own_children_are_killed_with_it(tmp_path: Path) -> None:
+    """A child killed with -9 leaves its children (vLLM's EngineCore holding
+    the GPU's memory); the supervisor kills its whole process group."""
+    pids = tmp_path / "pids"
+    child = ("import os, signal, subprocess, sys\n"
+             "k = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+             f"open({str(pids)!r}, 'a').write(f'{{k.pid}}\\n')\n"
+             "os.kill(os.getpid(), signal.SIGKILL)\n")
+    status, said = supervise(child, max_deaths=1, backoff_base_s=0.01)
+    assert status == 1 and any("died (-9)" in line for line in said), said
+    orphans = [int(p) for p in pids.read_text().split()]
+    assert len(orphans) == 2  # the first life and its restart
+    for pid in orphans:
+        for _ in range(100):  # the kernel reaps it once init waits for it
+            stat = Path(f"/proc/{pid}/stat")
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"process {pid} outlived its parent's death")
+
+
 def test_children_that_exit_0_are_not_restarted() -> None:
     status, said = supervise("pass", count=2)
     assert status == 0
