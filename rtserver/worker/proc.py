@@ -200,16 +200,23 @@ class WorkerServer:
         if req is not None:
             req.task.cancel()
 
-    def _drop_peer(self, peer: bytes, why: str) -> None:
-        """A front end went away: cancel its requests (they free their rows)."""
+    def _drop_peer(self, peer: bytes, why: str, *, tell: bool = False) -> None:
+        """A front end went away: cancel its requests (they free their rows).
+        ``tell``: it may still be there (it was only silent), so each request
+        is failed to it too, rather than left waiting for ever."""
         self._seen.pop(peer, None)
         self._owed = [(p, f) for p, f in self._owed if p != peer]
-        gone = [r for (p, _), r in self._requests.items() if p == peer]
+        gone = [(rid, r) for (p, rid), r in self._requests.items() if p == peer]
         if gone:
             log.warning("front end %s %s: cancelling its %d request(s)", peer.hex(), why,
                         len(gone))
-        for req in gone:
+        for rid, req in gone:
             req.task.cancel()
+            if tell:
+                with contextlib.suppress(zmq.ZMQError, PeerGone):
+                    self._send(peer, m.Failed(request_id=rid, code=ErrorCode.ENGINE_FAILED.value,
+                                              message=f"the GPU worker dropped this front end "
+                                                      f"({why})"))
 
     # -- the loop ---------------------------------------------------------------
     def _handle(self, peer: bytes, body: bytes) -> None:
@@ -238,7 +245,7 @@ class WorkerServer:
             now = time.monotonic()
             for peer, seen in list(self._seen.items()):
                 if now - seen > self.config.timeout_s:
-                    self._drop_peer(peer, f"silent for {now - seen:.1f} s")
+                    self._drop_peer(peer, f"silent for {now - seen:.1f} s", tell=True)
             owed, self._owed = self._owed, []
             for peer, failed in owed:
                 self._send_failed(peer, failed)

@@ -197,9 +197,11 @@ class WorkerLink:
             log.error("GPU worker at %s lost (%s): failing %d request(s)", self.endpoint, why,
                       len(self._streams))
         self.up, self.why_down, self.load = False, why, None
-        for stream in list(self._streams.values()):
+        for rid, stream in list(self._streams.items()):
             if not stream.finished:
                 stream.put(EngineLost(f"the GPU worker went away ({why})"))
+                # a worker only silent for a while would go on with it
+                self._try_send(m.Cancel(request_id=rid))
 
     def _on_ready(self, ready: m.Ready) -> None:
         if self.ready is not None and ready.epoch != self.ready.epoch:

@@ -227,6 +227,20 @@ async def test_a_front_end_that_goes_away_loses_its_requests(tmp_path: Path) -> 
         await other.close()
 
 
+async def test_a_silent_front_end_is_dropped_and_told(tmp_path: Path) -> None:
+    """A front end whose heartbeat stops (a stalled process) loses its
+    requests in the worker, and is told so if it is still there, rather than
+    waiting for ever."""
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice], link=DEAF) as (_, link, remote):
+        link._tasks[1].cancel()  # the heartbeat task: the worker hears nothing more
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        with pytest.raises(EngineFailed, match="dropped"):
+            await asyncio.wait_for(gen.__anext__(), 10)
+        assert voice.open == 0 and voice.cancelled == 1
+
+
 async def test_a_front_end_gone_mid_stream_is_seen_at_the_next_chunk(tmp_path: Path) -> None:
     """A send to a vanished front end fails (ROUTER_MANDATORY): its requests
     are cancelled then, not after the silence timeout (a minute here)."""
