@@ -104,6 +104,14 @@ class Split:
     def worker_pid(self, after: int = 0) -> int:
         return int(self.wait_for(r"gpu worker 0 started, pid (\d+)", after=after).group(1))
 
+    def engine(self, name: str) -> float:
+        """An ``rtserver_engine_<name>`` of the ChatTTS engine, from the GPU
+        worker's own /metrics (``running_requests``: rows in use)."""
+        body = scrape(f"http://127.0.0.1:{self.worker_metrics}/metrics")
+        found = re.search(rf"^rtserver_engine_{name}\{{[^}}]*\}} (\S+)$", body, re.M)
+        assert found, body
+        return float(found.group(1))
+
     def held(self, front: int) -> float:
         """Requests the GPU worker holds, as front end ``front`` last heard."""
         body = scrape(f"http://127.0.0.1:{self.metrics_base + front}/metrics")
@@ -199,10 +207,15 @@ async def test_speaks_through_the_worker_and_front_ends_load_no_torch(split: Spl
 async def test_cancel_frees_the_slot_in_the_worker(split: Split) -> None:
     async with RtClient.connect(split.url) as client:
         front, _ = front_of(client)
+        aborted = split.engine("aborted_requests_total")
         ctx = await first_audio(client)
         await until(lambda: split.held(front) == 1)
+        assert split.engine("running_requests") == 1
         await ctx.cancel()
         await until(lambda: split.held(front) == 0, within=5)
+        # the engine's row is free: the request was aborted, not run out
+        await until(lambda: split.engine("running_requests") == 0, within=5)
+        assert split.engine("aborted_requests_total") == aborted + 1
 
 
 async def test_a_killed_front_end_frees_its_slots(split: Split) -> None:
@@ -211,6 +224,7 @@ async def test_a_killed_front_end_frees_its_slots(split: Split) -> None:
     assert len(by_front) == 2, "the kernel spread 16 connections over one front end"
     victim, witness = by_front[0], 1
     _, pid = front_of(victim)
+    aborted = split.engine("aborted_requests_total")
     await first_audio(victim)
     await until(lambda: split.held(witness) == 1)
     mark = len(split.lines)
@@ -218,6 +232,8 @@ async def test_a_killed_front_end_frees_its_slots(split: Split) -> None:
     split.wait_for(r"front end \S+ (gone|silent).*cancelling its 1 request", timeout=30,
                    after=mark)
     await until(lambda: split.held(witness) == 0, within=5)
+    await until(lambda: split.engine("running_requests") == 0, within=5)
+    assert split.engine("aborted_requests_total") == aborted + 1  # aborted, not run out
     split.wait_for(r"worker 0 died \(-9\); restarting", after=mark)
     for c in clients:
         with contextlib.suppress(Exception):
