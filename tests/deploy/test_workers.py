@@ -23,7 +23,9 @@ import pytest
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.errors import ConfigError
+from rtserver.server.split import frontends_per_worker
 from rtserver.server.workers import (
+    Service,
     Supervisor,
     WorkerIdentity,
     WorkerPlan,
@@ -153,6 +155,48 @@ def test_sigterm_reaches_each_child_once_and_status_is_0() -> None:
     assert status == 0
     assert "2 of 2 workers ready on ws://test" in said
     assert sum("exited (0)" in line for line in said) == 2, said
+
+
+def test_services_start_first_and_stop_after_the_servers(tmp_path: Path) -> None:
+    """A GPU worker (a service) is started before the front ends and stopped
+    only once they have drained, so the contexts they finish can still speak;
+    each child gets its own environment."""
+    seen = tmp_path / "env"
+    child = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+             f"open({str(seen)!r}, 'a').write(os.environ.get('ROLE', '?') + '\\n')\n"
+             "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+             "time.sleep(60)\n")
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "workers ready" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sup = Supervisor([sys.executable, "-c", child], WorkerPlan(("", "")), drain_timeout_s=5,
+                     url="ws://test", say=say,
+                     services=[Service("gpu worker 0", (sys.executable, "-c", child),
+                                       env=(("ROLE", "worker"),))],
+                     child_env=[(0, {"ROLE": "front 0"}), (1, {"ROLE": "front 1"})])
+    assert sup.run() == 0
+    assert said[0].startswith("gpu worker 0 started"), said
+    assert "3 of 3 workers ready on ws://test" in said
+    exits = [line for line in said if "exited (0)" in line]
+    assert exits[-1] == "gpu worker 0 exited (0)" and len(exits) == 3, said
+    assert sorted(seen.read_text().split("\n")[:-1]) == ["front 0", "front 1", "worker"]
+
+
+def test_front_ends_per_worker_follow_the_cores() -> None:
+    from rtserver.config import load_config
+
+    auto = load_config(env={})
+    assert frontends_per_worker(auto, workers=1, cores=16) == 8
+    assert frontends_per_worker(auto, workers=2, cores=16) == 4
+    assert frontends_per_worker(auto, workers=1, cores=2) == 1
+    assert frontends_per_worker(auto, workers=4, cores=4) == 1
+    fixed = load_config(env={}, flags={"gpu.frontends": 3})
+    assert frontends_per_worker(fixed, workers=2, cores=64) == 3
 
 
 # --- two processes on one port ---------------------------------------------------------
