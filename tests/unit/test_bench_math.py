@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -349,3 +350,15 @@ def test_cpu_meter_counts_the_spawned_servers_children() -> None:
         assert outer.stdin is not None
         outer.stdin.close()
         outer.wait(30)
+
+
+def test_worker_ipc_bench_smoke(tmp_path: Path) -> None:
+    """The link benchmark runs a worker process and writes every chunk's count."""
+    import json
+
+    from rtserver.tools.bench.worker_ipc import main
+
+    assert main(["--streams", "2", "--chunk-samples", "512", "--chunks", "10",
+                 "--realtime", "50", "--out", str(tmp_path)]) == 0
+    (level,) = json.loads((tmp_path / "results.json").read_text())["levels"]
+    assert level["streams"] == 2 and level["chunks"] == 20 and level["samples"] == 20 * 512
