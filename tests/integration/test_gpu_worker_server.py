@@ -171,8 +171,10 @@ async def speak(client: RtClient, text: str) -> np.ndarray:
     return result.pcm
 
 
-async def first_audio(client: RtClient, text: str = "Keep talking.") -> ContextStream:
-    """A context whose audio has begun to arrive."""
+async def first_audio(client: RtClient,
+                      text: str = "Keep talking. Keep on talking. Still talking.") -> ContextStream:
+    """A context whose audio has begun to arrive (three segments: the worker
+    holds one of its requests for several seconds)."""
     ctx = await client.start(format="pcm_s16le", sample_rate=24000)
     await ctx.send_text(text)
     await ctx.end()
@@ -210,7 +212,7 @@ async def test_cancel_frees_the_slot_in_the_worker(split: Split) -> None:
         aborted = split.engine("aborted_requests_total")
         ctx = await first_audio(client)
         await until(lambda: split.held(front) == 1)
-        assert split.engine("running_requests") == 1
+        await until(lambda: split.engine("running_requests") == 1)
         await ctx.cancel()
         await until(lambda: split.held(front) == 0, within=5)
         # the engine's row is free: the request was aborted, not run out
