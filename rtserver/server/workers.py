@@ -14,6 +14,10 @@ The supervisor's contract:
   exits 0 once all have.
 - A child that exits 0 was told to stop (a drain of that one process) and is
   not restarted; when no child is left the supervisor exits 0.
+- Services (``Service``: the GPU workers of ``[gpu] worker = "process"``,
+  rtserver/server/split.py) start before the servers and stop after them; one
+  that exits 0 on its own (SIGTERM to it alone) is started again at once,
+  since the servers depend on it; one that dies is restarted as a server is.
 - A child that exits 2 hit a configuration error: every child is stopped and
   the supervisor exits 2 (a restart would fail the same way).
 - A child that dies otherwise (a crash, a kill) is restarted after a back-off
@@ -278,9 +282,13 @@ class Supervisor:
             slot.proc, slot.ready = None, False
             self._close_ready(slot)
             self._all_ready_said = False
-            if self._stop_signal is not None or code == 0:
+            if self._stop_signal is not None or (code == 0 and slot.index >= 0):
                 slot.stopped = True
                 self.say(f"{slot.name} exited ({code})")
+                continue
+            if code == 0:  # a service stopped on its own: the servers still need it
+                slot.restart_at = now
+                self.say(f"{slot.name} exited (0); starting it again")
                 continue
             if code == CONFIG_ERROR_EXIT:
                 self.say(f"{slot.name} exited with a configuration error; stopping")

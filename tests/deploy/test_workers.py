@@ -187,6 +187,36 @@ def test_services_start_first_and_stop_after_the_servers(tmp_path: Path) -> None
     assert sorted(seen.read_text().split("\n")[:-1]) == ["front 0", "front 1", "worker"]
 
 
+def test_a_service_that_stops_on_its_own_is_started_again(tmp_path: Path) -> None:
+    """SIGTERM to the GPU worker alone: the front ends still need it."""
+    marker = tmp_path / "once"
+    service = ("import os, signal, sys, time\n"
+               f"m = {str(marker)!r}\n"
+               "if not os.path.exists(m):\n"
+               "    open(m, 'w').close(); sys.exit(0)\n"
+               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+               "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+               "time.sleep(60)\n")
+    server = ("import os, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+              "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+              "time.sleep(60)\n")
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "workers ready" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sup = Supervisor([sys.executable, "-c", server], WorkerPlan(("",)), drain_timeout_s=5,
+                     url="ws://test", say=say,
+                     services=[Service("gpu worker 0", (sys.executable, "-c", service))])
+    assert sup.run() == 0
+    assert "gpu worker 0 exited (0); starting it again" in said
+    assert sum(line.startswith("gpu worker 0 started") for line in said) == 2, said
+    assert "2 of 2 workers ready on ws://test" in said
+
+
 def test_front_ends_per_worker_follow_the_cores() -> None:
     from rtserver.config import load_config
 
