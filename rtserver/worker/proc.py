@@ -82,8 +82,10 @@ class WorkerServer:
     """Serves ``voices`` on a bound ROUTER socket until ``stop`` is set."""
 
     def __init__(self, voices: Mapping[str, Voice], *, by_spec: Mapping[str, str], default: str,
-                 capacity: Mapping[str, int], config: GpuConfig) -> None:
+                 capacity: Mapping[str, int], config: GpuConfig,
+                 send_hwm: int = SEND_HWM) -> None:
         self.voices = dict(voices)
+        self.send_hwm = send_hwm
         self.config = config
         self.epoch = uuid.uuid4().hex[:12]
         self.capacity = dict(capacity)
@@ -257,7 +259,7 @@ class WorkerServer:
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        sock.setsockopt(zmq.SNDHWM, self.send_hwm)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(endpoint)
         self._sock = sock

@@ -94,11 +94,12 @@ async def until(cond: Callable[[], bool], within: float = 5.0) -> None:
 
 class Rig:
     def __init__(self, tmp: Path, voices: list[FakeVoice], capacity: int = 0,
-                 config: GpuConfig = CONFIG) -> None:
+                 config: GpuConfig = CONFIG, send_hwm: int = 120_000) -> None:
         self.endpoint = f"ipc://{tmp}/w.sock"
         self.voices = voices
         self.capacity = capacity
         self.config = config
+        self.send_hwm = send_hwm
         self.stop = asyncio.Event()
         self.server: WorkerServer | None = None
         self.task: asyncio.Task[int] | None = None
@@ -108,7 +109,8 @@ class Rig:
         self.server = WorkerServer({v.info.name: v for v in self.voices},
                                    by_spec={v.info.name: v.info.name for v in self.voices},
                                    default=self.voices[0].info.name,
-                                   capacity={"fake": self.capacity}, config=self.config)
+                                   capacity={"fake": self.capacity}, config=self.config,
+                                   send_hwm=self.send_hwm)
         self.task = asyncio.create_task(self.server.serve(self.endpoint, self.stop))
 
     async def stop_worker(self) -> None:
@@ -119,9 +121,9 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(tmp: Path, voices: list[FakeVoice], capacity: int = 0,
-              worker: GpuConfig = CONFIG, link: GpuConfig = CONFIG
+              worker: GpuConfig = CONFIG, link: GpuConfig = CONFIG, send_hwm: int = 120_000
               ) -> AsyncIterator[tuple[Rig, WorkerLink, dict[str, RemoteVoice]]]:
-    r = Rig(tmp, voices, capacity, worker)
+    r = Rig(tmp, voices, capacity, worker, send_hwm)
     r.start_worker()
     front = WorkerLink(r.endpoint, link)
     try:
@@ -267,6 +269,28 @@ async def test_a_consumer_that_does_not_take_its_audio_fails_overloaded(tmp_path
             async for _ in gen:
                 pass
         assert link.up  # one request failed; the worker is fine
+
+
+async def test_a_front_end_that_stops_reading_never_stalls_the_worker(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its queue fills (SNDHWM): that request fails in the worker, which
+    serves another front end meanwhile. (The stalled link neither bounds its
+    buffer nor times the worker out here: only the worker's side acts.)"""
+    flood = FakeVoice("fake:flood", chunks=5000)  # 500 s of audio, 48 MB
+    calm = FakeVoice("fake:calm", chunks=5, pause_s=0.01)
+    patient = GpuConfig(heartbeat_s=0.05, timeout_s=60.0, request_buffer_s=1e6)
+    async with rig(tmp_path, [flood, calm], link=patient, send_hwm=16) as (r, stalled, remote):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        mine = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[1])))
+        gen = remote["fake:flood"].synthesize(request("r1"))
+        await gen.__anext__()
+        stalled._tasks[0].cancel()  # its reader stops: nothing more is taken
+        await until(lambda: flood.open == 0, within=30)
+        assert flood.cancelled == 1  # stopped early, not run to its end
+        assert "does not keep up" in caplog.text
+        assert len([c async for c in mine.synthesize(request("r2"))]) == 5
+        await other.close()
 
 
 async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> None:
