@@ -19,11 +19,13 @@ Its contract with front ends (``messages``):
 - ``Cancel`` cancels the request's task: the voice frees its engine row and
   vocoder state (the ``Voice`` contract) at its next step.
 - A front end that goes away (a send to it fails: ROUTER_MANDATORY) or stays
-  silent for ``timeout_s`` loses its requests: they are cancelled here.
+  silent for ``timeout_s`` loses its requests: they are cancelled here (and
+  failed to a silent one, which may still be listening).
 - It never waits for a front end: sends do not block; a front end whose
   queue is full (``SNDHWM``) fails that request with ``overloaded``.
-- A voice whose engine died (``EngineDead``) fails every request and the
-  process exits ``ENGINE_DEAD_EXIT``; the supervisor restarts it.
+- A voice whose engine died (``EngineDead``) fails its request and the
+  process exits ``ENGINE_DEAD_EXIT`` (the others fail as front ends see the
+  socket close); the supervisor restarts it.
 """
 
 from __future__ import annotations

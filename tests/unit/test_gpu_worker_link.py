@@ -26,11 +26,13 @@ from rtserver.errors import (
     Overloaded,
     UnknownVoice,
 )
+from rtserver.voices import registry
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
+from rtserver.voices.registry import FamilyVoices, VoiceFamily, register_family
 from rtserver.worker import messages as m
 from rtserver.worker.placement import capacity_of, split_specs
 from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerServer
-from rtserver.worker.remote import RemoteVoice, WorkerLink
+from rtserver.worker.remote import RemoteVoice, WorkerLink, load_server_voices
 
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms
@@ -347,6 +349,39 @@ async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_pat
         assert r.task is not None
         # the worker exits with its status for the supervisor to restart it
         assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
+
+
+async def _never_here(specs: object, section: object, settings: object,
+                     progress: object) -> FamilyVoices:
+    raise AssertionError("a front end loaded a GPU family's voice itself")
+
+
+@pytest.fixture
+def fake_family(monkeypatch: pytest.MonkeyPatch) -> VoiceFamily:
+    """The "fake" family, registered for one test (the registry's way in its own tests)."""
+    registry.families()  # the built-in ones first
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
+    return register_family(VoiceFamily(name="fake", load=_never_here))
+
+
+async def test_a_front_end_serves_local_and_worker_voices_together(
+        tmp_path: Path, fake_family: VoiceFamily) -> None:
+    """Piper in the front end, the GPU family's voices through the worker
+    (their family's loader never runs here), the default first."""
+    async with rig(tmp_path, [FakeVoice("fake:a"), FakeVoice("fake:b")]) as (r, _, _):
+        cfg = load_config(env={}, flags={"voice.default": "fake:a",
+                                         "voice.extra": "piper:en_US-joe-medium",
+                                         "gpu.families": "fake", "gpu.endpoint": r.endpoint})
+        voices = await load_server_voices(cfg, progress=lambda msg: None)
+        try:
+            assert voices.default == "fake:a"
+            assert list(voices.voices) == ["fake:a", "piper:en_US-joe-medium", "fake:b"]
+            assert isinstance(voices.voices["fake:b"], RemoteVoice)
+            assert not isinstance(voices.voices["piper:en_US-joe-medium"], RemoteVoice)
+            got = [c async for c in voices.voices["fake:b"].synthesize(request("r1"))]
+            assert len(got) == 5
+        finally:
+            await voices.close()
 
 
 def test_specs_split_between_the_front_end_and_the_worker() -> None:
