@@ -68,6 +68,8 @@ DOWN_RETRY_MS = 1000
 # Wait after the worker refused a new context for its capacity: a segment of
 # a running context takes about this long on a GPU.
 FULL_RETRY_MS = 250
+# While a front end waits for its worker at start, it says so this often (s).
+WAIT_SAY_S = 30.0
 _ERRORS: dict[str, type[RtError]] = {ErrorCode.OVERLOADED.value: Busy,
                                      ErrorCode.UNKNOWN_VOICE.value: UnknownVoice}
 
@@ -138,7 +140,13 @@ class WorkerLink:
                        asyncio.create_task(self._beat(), name="gpu worker heartbeat"),
                        asyncio.create_task(self._watch(), name="gpu worker monitor")]
         say(f"waiting for the GPU worker on {self.endpoint}")
-        await self._first_ready.wait()
+        waited = 0.0
+        while not self._first_ready.is_set():
+            try:
+                await asyncio.wait_for(self._first_ready.wait(), WAIT_SAY_S)
+            except TimeoutError:  # loading a model takes minutes; say we are here
+                waited += WAIT_SAY_S
+                say(f"still waiting for the GPU worker on {self.endpoint} ({waited:.0f} s)")
         assert self.ready is not None
         return self.ready
 
