@@ -126,8 +126,9 @@ class WorkerLink:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues while it is away
         self._sock.setsockopt(zmq.LINGER, 0)
+        # a restarted worker is found within a quarter second of its bind
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 250)
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._sock.connect(endpoint)
         self._tasks: list[asyncio.Task[None]] = []

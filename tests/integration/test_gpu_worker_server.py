@@ -33,7 +33,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("pybase16384")
 
-from rtserver.client import AudioFrames, ContextStream, RtClient
+from rtserver.client import AudioFrames, ContextStream, RtClient, ServerError
 from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.chattts.speaker import encode_speaker
 from tests.deploy.util import free_port, scrape
@@ -111,6 +111,11 @@ class Split:
         found = re.search(rf"^rtserver_engine_{name}\{{[^}}]*\}} (\S+)$", body, re.M)
         assert found, body
         return float(found.group(1))
+
+    def worker_up(self, front: int) -> bool:
+        """Whether front end ``front`` has the GPU worker (its own view)."""
+        body = scrape(f"http://127.0.0.1:{self.metrics_base + front}/metrics")
+        return "rtserver_gpu_worker_up 1.0" in body
 
     def held(self, front: int) -> float:
         """Requests the GPU worker holds, as front end ``front`` last heard."""
@@ -220,6 +225,37 @@ async def test_cancel_frees_the_slot_in_the_worker(split: Split) -> None:
         assert split.engine("aborted_requests_total") == aborted + 1
 
 
+async def test_two_front_ends_cannot_oversubscribe_the_worker(split: Split) -> None:
+    """The worker serves 2 ChatTTS requests at once (chattts.slots): with
+    both held from two front ends, a third context is refused `overloaded`
+    with a retry, by its front end (which knows the worker's load) or by the
+    worker itself (a first segment past capacity)."""
+    clients = [await RtClient.connect(split.url) for _ in range(16)]
+    try:
+        by_front = {front_of(c)[0]: c for c in clients}
+        assert len(by_front) == 2, "the kernel spread 16 connections over one front end"
+        held = [await first_audio(by_front[0]), await first_audio(by_front[1])]
+        await until(lambda: split.held(0) == 2)
+        try:
+            third = await by_front[0].start(format="pcm_s16le", sample_rate=24000)
+        except ServerError as exc:  # refused by the front end at start
+            error = exc.error
+        else:  # admitted here; the worker refused its first segment
+            await third.send_text("One more.")
+            await third.end()
+            error = (await third.collect()).error
+        assert error is not None and error.code == "overloaded", error
+        assert error.retry_after_ms
+        assert split.engine("running_requests") == 2
+        for ctx in held:
+            await ctx.cancel()
+        # both front ends see the slots free again before the next test
+        await until(lambda: split.held(0) == 0 and split.held(1) == 0, within=5)
+    finally:
+        for c in clients:
+            await c.close()
+
+
 async def test_a_killed_front_end_frees_its_slots(split: Split) -> None:
     clients = [await RtClient.connect(split.url) for _ in range(16)]
     by_front = {front_of(c)[0]: c for c in clients}
@@ -245,6 +281,7 @@ async def test_a_killed_front_end_frees_its_slots(split: Split) -> None:
 async def test_killed_worker_fails_contexts_then_recovers(split: Split) -> None:
     http = f"http://127.0.0.1:{split.port}"
     async with RtClient.connect(split.url) as client:
+        front, _ = front_of(client)
         ctx = await first_audio(client)
         mark = len(split.lines)
         os.kill(split.worker_pid(), signal.SIGKILL)
@@ -254,7 +291,9 @@ async def test_killed_worker_fails_contexts_then_recovers(split: Split) -> None:
         assert await asyncio.to_thread(ready_status, http) == 503
         split.wait_for(r"gpu worker 0 died \(-9\); restarting", after=mark)
         split.worker_pid(after=mark)  # restarted
+        # /ready on the port reaches either front end; each has its own view
         await until(lambda: ready_status(http) == 200, within=120)
+        await until(lambda: split.worker_up(front), within=10)
         # the connection stayed; a new context on it speaks
         pcm = await speak(client, "Back again.")
         assert len(pcm) >= STEPS * SAMPLES_PER_STEP
