@@ -273,6 +273,7 @@ async def test_a_killed_front_end_frees_its_slots(split: Split) -> None:
     await until(lambda: split.engine("running_requests") == 0, within=5)
     assert split.engine("aborted_requests_total") == aborted + 1  # aborted, not run out
     split.wait_for(r"worker 0 died \(-9\); restarting", after=mark)
+    split.wait_for(r"3 of 3 workers ready", after=mark)  # the front end is back
     for c in clients:
         with contextlib.suppress(Exception):
             await c.close()
@@ -288,6 +289,8 @@ async def test_killed_worker_fails_contexts_then_recovers(split: Split) -> None:
         result = await ctx.collect()
         assert not result.ok and result.error is not None
         assert result.error.code == "engine_failed", result.error
+        # every front end sees the worker gone; /ready answers 503
+        await until(lambda: not split.worker_up(0) and not split.worker_up(1), within=5)
         assert await asyncio.to_thread(ready_status, http) == 503
         split.wait_for(r"gpu worker 0 died \(-9\); restarting", after=mark)
         split.worker_pid(after=mark)  # restarted
