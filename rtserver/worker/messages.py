@@ -4,7 +4,7 @@ in msgpack, a tagged union each way (the way vLLM V1's ``EngineCoreRequest`` /
 
 A message is one ZMQ frame; a ``Chunk`` is followed by a second frame, its
 PCM (mono float32, native byte order, ``sample_rate`` Hz), sent without a copy
-and read in place. Times (``deadline``, ``model_output_at``) are
+and read in place. Times (``deadline``, ``model_output_at``, ``sent_at``) are
 CLOCK_MONOTONIC seconds, which Linux shares between processes.
 
 Down (front end -> worker): ``Hello``, ``Synthesize``, ``Cancel``, ``Ping``.
@@ -83,6 +83,7 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):
 
     request_id: str
     sample_rate: int
+    sent_at: float = 0.0  # CLOCK_MONOTONIC, when the worker sent it
     model_output_at: float | None = None  # CLOCK_MONOTONIC, with the first chunk
 
 

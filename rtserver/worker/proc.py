@@ -168,7 +168,8 @@ class WorkerServer:
                     if not mark_sent and marks is not None and MODEL_OUTPUT_MARK in marks:
                         at, mark_sent = marks[MODEL_OUTPUT_MARK], True
                     self._send(peer, m.Chunk(request_id=rid, sample_rate=chunk.sample_rate,
-                                             model_output_at=at), chunk.samples)
+                                             sent_at=time.monotonic(), model_output_at=at),
+                               chunk.samples)
             self._send(peer, m.End(request_id=rid))
         except zmq.Again:
             log.warning("front end %s does not keep up: request %s fails", peer.hex(), rid)

@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
+from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from zmq.utils.monitor import parse_monitor_message
@@ -68,6 +69,7 @@ DOWN_RETRY_MS = 1000
 # Wait after the worker refused a new context for its capacity: a segment of
 # a running context takes about this long on a GPU.
 FULL_RETRY_MS = 250
+CHUNK_DELAY_BUCKETS_MS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 500)
 # While a front end waits for its worker at start, it says so this often (s).
 WAIT_SAY_S = 30.0
 _ERRORS: dict[str, type[RtError]] = {ErrorCode.OVERLOADED.value: Busy,
@@ -133,6 +135,12 @@ class WorkerLink:
         self._sock.connect(endpoint)
         self._tasks: list[asyncio.Task[None]] = []
         self._first_ready = asyncio.Event()
+        # from the worker's send to this reader: the seam's own delay, which
+        # grows when this process's event loop falls behind
+        self.chunk_delay_ms = Histogram(
+            "rtserver_gpu_worker_chunk_delay_ms",
+            "Time from the GPU worker's send of a chunk to this front end's read, ms",
+            buckets=CHUNK_DELAY_BUCKETS_MS, registry=None)
 
     # -- life --------------------------------------------------------------------
     async def start(self, say: Callable[[str], None] = lambda msg: None) -> m.Ready:
@@ -229,6 +237,8 @@ class WorkerLink:
             if not extra:
                 raise ValueError("a chunk without its samples")
             samples = np.frombuffer(extra[0].buffer, dtype=np.float32)
+            if msg.sent_at:
+                self.chunk_delay_ms.observe(1000.0 * (time.monotonic() - msg.sent_at))
             if msg.model_output_at is not None:
                 stream.put(msg.model_output_at)
             stream.put(PcmChunk(samples, msg.sample_rate))
@@ -341,7 +351,8 @@ class RemoteVoice:
 
 
 class LinkCollector(Collector):
-    """``rtserver_gpu_worker_up`` and the worker's requests against its capacity."""
+    """``rtserver_gpu_worker_up``, the worker's requests against its capacity,
+    and the delay of its chunks to this front end."""
 
     def __init__(self, link: WorkerLink) -> None:
         self.link = link
@@ -362,6 +373,7 @@ class LinkCollector(Collector):
             cap.add_metric([family], float(self.link.capacity(family)))
         yield active
         yield cap
+        yield from self.link.chunk_delay_ms.collect()
 
 
 async def load_server_voices(config: Config, progress: Callable[[str], None]) -> VoiceSet:

@@ -176,6 +176,22 @@ async def test_audio_in_order_with_the_info_and_the_mark(tmp_path: Path) -> None
     assert abs(marks[MODEL_OUTPUT_MARK] - 1000.0) < 1.0
 
 
+async def test_the_front_end_measures_each_chunks_delay(tmp_path: Path) -> None:
+    """Every chunk's time from the worker's send to the reader is observed."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rtserver.worker.remote import LinkCollector
+
+    async with rig(tmp_path, [FakeVoice("fake:a")]) as (_, link, remote):
+        got = [c async for c in remote["fake:a"].synthesize(request("r1"))]
+        reg = CollectorRegistry()
+        reg.register(LinkCollector(link))
+        body = generate_latest(reg).decode()
+    assert len(got) == 5
+    assert "rtserver_gpu_worker_chunk_delay_ms_count 5.0" in body
+    assert "rtserver_gpu_worker_up 1.0" in body
+
+
 async def test_cancel_reaches_the_voice_and_frees_the_request(tmp_path: Path) -> None:
     voice = FakeVoice("fake:a", hang=True)
     async with rig(tmp_path, [voice]) as (r, link, remote):

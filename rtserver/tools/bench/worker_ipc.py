@@ -6,7 +6,9 @@ ready at once; this process is one front end (``WorkerLink`` +
 ``RemoteVoice``) consuming N streams at a time. Per level: chunks per
 second through the link and the CPU each side spent per chunk (user +
 system, /proc), which says how much of a core the link takes at a given
-number of streams, and whether shared-memory rings would be worth writing.
+number of streams, and whether shared-memory rings would be worth writing;
+and the delay from the worker's send to the front end's read (bucket bounds
+of ``rtserver_gpu_worker_chunk_delay_ms``).
 
     python -m rtserver.tools.bench.worker_ipc --streams 1,16,64,256 \\
         --chunk-samples 2048 --chunks 200 --out bench-out/worker-ipc
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import tempfile
@@ -92,6 +95,25 @@ def _worker_main(endpoint: str, samples: int, chunks: int, interval_s: float,
     uvloop.run(main())
 
 
+def _delay_buckets(link: WorkerLink) -> dict[float, float]:
+    """Cumulative counts of the link's chunk-delay histogram, by upper bound (ms)."""
+    out: dict[float, float] = {}
+    for metric in link.chunk_delay_ms.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_bucket"):
+                out[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def _quantile_bound(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The bucket bound (ms) under which ``q`` of the level's chunk delays fell."""
+    total = after[math.inf] - before.get(math.inf, 0.0)
+    for le in sorted(after):
+        if total and after[le] - before.get(le, 0.0) >= q * total:
+            return le
+    return math.inf
+
+
 async def _level(voice: RemoteVoice, streams: int, chunks: int, worker_pid: int, tag: str
                  ) -> dict[str, Any]:
     async def one(i: int) -> int:
@@ -102,12 +124,16 @@ async def _level(voice: RemoteVoice, streams: int, chunks: int, worker_pid: int,
         return n
 
     w0, f0 = process_cpu_s(worker_pid) or 0.0, process_cpu_s(os.getpid()) or 0.0
+    d0 = _delay_buckets(voice.link)
     t0 = time.monotonic()
     samples = await asyncio.gather(*(one(i) for i in range(streams)))
     wall = time.monotonic() - t0
     w1, f1 = process_cpu_s(worker_pid) or 0.0, process_cpu_s(os.getpid()) or 0.0
     total = sum(samples)
+    d1 = _delay_buckets(voice.link)
     return {"streams": streams, "wall_s": wall, "samples": total,
+            "delay_ms_p50_under": _quantile_bound(d0, d1, 0.5),
+            "delay_ms_p99_under": _quantile_bound(d0, d1, 0.99),
             "audio_s_per_s": total / RATE / wall, "worker_cpu_s": w1 - w0,
             "front_cpu_s": f1 - f0}
 
@@ -142,7 +168,9 @@ async def run(levels: list[int], samples: int, chunks: int, realtime: float) -> 
                 print(f"{n:5d} streams: {row['chunks_per_s']:9.0f} chunks/s "
                       f"({row['audio_s_per_s']:7.1f} s of audio/s), CPU per chunk: worker "
                       f"{row['worker_cpu_us_per_chunk']:5.1f} us, front end "
-                      f"{row['front_cpu_us_per_chunk']:5.1f} us", flush=True)
+                      f"{row['front_cpu_us_per_chunk']:5.1f} us; send to read p50 < "
+                      f"{row['delay_ms_p50_under']:g} ms, p99 < {row['delay_ms_p99_under']:g} ms",
+                      flush=True)
         finally:
             await link.close()
             proc.terminate()
