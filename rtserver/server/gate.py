@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rtserver.config import AdmissionConfig, ServerConfig
 from rtserver.errors import (
@@ -80,6 +80,7 @@ def plan_first_chunks(chunk_plan_ms: Sequence[float], chunk_cost_ms: Sequence[fl
     return [first, *(limit(k) * audio_ms_per_char for k in range(1, 5))], None
 
 
+@runtime_checkable
 class VoiceHealth(Protocol):
     """A voice that knows when it cannot serve (one behind a GPU worker
     process, rtserver/worker/remote.py)."""
