@@ -51,17 +51,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               "server.reuse_port": True if args.reuse_port else None})
     _setup_logging(config.server.log_level)
     s = config.server
+    passed = [a for name, flag in (("config", "--config"), ("voice", "--voice"),
+                                   ("log_level", "--log-level"), ("host", "--host"),
+                                   ("port", "--port"))
+              if getattr(args, name) is not None for a in (flag, str(getattr(args, name)))]
+    if config.gpu.worker == "process" and not config.gpu.endpoint:
+        from rtserver.server.split import supervise_split
+
+        if s.port == 0:
+            raise ConfigError("gpu.worker = 'process' needs a fixed port (not 0)")
+        # the workers take the voices' settings, not the listener's
+        worker_args = [a for i in range(0, len(passed), 2) if passed[i] not in ("--host", "--port")
+                       for a in passed[i:i + 2]]
+        return supervise_split(config, passed, worker_args)
     if s.workers.strip() != "1":
         plan = plan_workers(s.workers)
         if s.port == 0:
             raise ConfigError("server.workers > 1 needs a fixed port (not 0)")
-        passed = [a for name, flag in (("config", "--config"), ("voice", "--voice"),
-                                       ("log_level", "--log-level"), ("host", "--host"),
-                                       ("port", "--port"))
-                  if getattr(args, name) is not None for a in (flag, str(getattr(args, name)))]
         return Supervisor(child_command(passed), plan, drain_timeout_s=s.drain_timeout_s,
                           url=f"ws://{s.host}:{s.port}/v1/stream").run()
     return int(_run(serve_forever(config)))  # non-zero after an engine died
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """The GPU worker process (rtserver/worker/proc.py); the supervisor of
+    ``serve`` with ``[gpu] worker = "process"`` starts it."""
+    from rtserver.server.workers import notify_ready
+    from rtserver.worker.proc import run_worker
+
+    config = _config(args, **{"gpu.endpoint": args.endpoint})
+    _setup_logging(config.server.log_level)
+    return int(_run(run_worker(config, on_ready=notify_ready)))
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -128,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "for one per visible GPU (default 1)")
     p.add_argument("--reuse-port", action="store_true",
                    help="bind with SO_REUSEPORT, to share the port with other processes")
+    p = sub.add_parser("worker", help="run a GPU worker process (the supervisor of "
+                       "'serve' starts these with [gpu] worker = \"process\")")
+    _add_common(p)
+    p.add_argument("--endpoint", help="ZMQ endpoint to bind (ipc://PATH or tcp://HOST:PORT)")
     p = sub.add_parser("say", help="speak text to a WAV file (in process, or through a "
                        "running server with --url)")
     _add_common(p)
@@ -155,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "say":
             return cmd_say(args)
+        if args.command == "worker":
+            return cmd_worker(args)
         return cmd_voices(args)
     except ConfigError as exc:
         print(f"rtserver: configuration error: {exc}", file=sys.stderr)

@@ -133,6 +133,45 @@ class AdmissionConfig:
     metrics_need_key: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    """The GPU worker process (rtserver/worker/): where the GPU families run.
+
+    ``worker = "process"``: ``rtserver serve`` supervises one GPU worker
+    process per GPU, which loads the voices of ``families`` (their token
+    engine and vocoder), and ``frontends`` server processes per worker on
+    the port, which do everything else and never import torch. ``"off"``:
+    every voice in the server process (as before). The section is ``[gpu]``,
+    not ``[worker]``: ``RTSERVER_WORKER_*`` names a supervised process
+    (rtserver/server/workers.py).
+    """
+
+    worker: str = "off"  # "off" | "process"
+    # Voice families the GPU worker serves; other voices (Piper) stay in the
+    # front ends.
+    families: tuple[str, ...] = ("chattts", "orpheus")
+    # Front-end processes per GPU worker; 0: one per two cores, 1 to 8.
+    frontends: int = 0
+    # The worker's ZMQ endpoint. The supervisor sets it for the processes it
+    # starts; a front end with it set serves ``families`` through it.
+    endpoint: str = ""
+    # Requests the worker serves at once per family; 0: the family's engine
+    # rows (chattts.slots, orpheus.max_num_seqs). A first segment over it is
+    # refused with `overloaded`, and front ends refuse new contexts at it.
+    max_requests: int = 0
+    # Front ends ping the worker this often; a peer silent for timeout_s is
+    # gone (its requests fail, or are cancelled in the worker).
+    heartbeat_s: float = 0.25
+    timeout_s: float = 3.0
+    # Audio (s) the front end holds for one request that its consumer has not
+    # taken; past it the request fails with `overloaded` and is cancelled in
+    # the worker, which never waits for a front end.
+    request_buffer_s: float = 60.0
+    # > 0: the GPU worker serves /metrics (its engines' metrics and its load)
+    # on this port; under the supervisor, worker j on metrics_port + j.
+    metrics_port: int = 0
+
+
 def _default_families() -> Mapping[str, Any]:
     return MappingProxyType({n: cls() for n, cls in family_sections().items()})
 
@@ -147,6 +186,7 @@ class Config:
     opus: OpusConfig = field(default_factory=OpusConfig)
     # The phrase cache of the HTTP speech API (rtserver/cache.py).
     cache: CacheConfig = field(default_factory=CacheConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     # Each voice family's own section, by family name ([orpheus], ...).
     families: Mapping[str, Any] = field(default_factory=_default_families)
 
@@ -336,5 +376,14 @@ def _validate(config: Config) -> None:
         raise ConfigError("admission: 0 < token_ttl_s <= token_max_ttl_s")
     if not 0 <= a.retry_min_ms <= a.retry_max_ms:
         raise ConfigError("admission: 0 <= retry_min_ms <= retry_max_ms")
+    g = config.gpu
+    if g.worker not in ("off", "process"):
+        raise ConfigError(f"gpu.worker {g.worker!r}: 'off' or 'process'")
+    if g.frontends < 0 or g.max_requests < 0:
+        raise ConfigError("gpu.frontends and gpu.max_requests must be >= 0 (0: automatic)")
+    if not 0 <= g.metrics_port <= 65535:
+        raise ConfigError(f"gpu.metrics_port {g.metrics_port} is out of range")
+    if not 0 < g.heartbeat_s < g.timeout_s or g.request_buffer_s <= 0:
+        raise ConfigError("gpu: 0 < heartbeat_s < timeout_s and request_buffer_s > 0")
     if not 0 <= s.metrics_port <= 65535:
         raise ConfigError(f"server.metrics_port {s.metrics_port} is out of range")

@@ -120,6 +120,13 @@ class EngineDead(EngineFailed):
     server drains and exits non-zero so that its orchestrator restarts it."""
 
 
+class EngineLost(EngineFailed):
+    """The GPU worker process serving the voice went away (killed, crashed):
+    this context fails, the voice is down until a worker is back (its
+    supervisor restarts it); not the voice's fault, so no circuit breaker
+    counts it."""
+
+
 class EngineUnavailable(EngineFailed):
     """The voice's circuit breaker is open (or its engine is dead): new contexts
     fail fast; ``retry_after_ms`` when a probe will be let through."""

@@ -26,7 +26,8 @@ from rtserver.server.state import AppState
 from rtserver.server.token_api import TokenApi
 from rtserver.server.workers import current as current_worker
 from rtserver.server.workers import notify_ready
-from rtserver.voices.registry import VoiceSet, load_voices
+from rtserver.voices.registry import VoiceSet
+from rtserver.worker.remote import load_server_voices
 
 log = logging.getLogger("rtserver.server")
 
@@ -57,7 +58,7 @@ class RtServer:
         before, now = raise_fd_limit(s.max_connections + s.fd_margin)
         if now != before:
             say(f"open files: soft limit raised from {before} to {now}")
-        self.voice_set = await load_voices(self.config.voice, self.config.families, progress=say)
+        self.voice_set = await load_server_voices(self.config, progress=say)
         threads = self.config.server.encode_threads or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(threads, thread_name_prefix="opus")
         self.app = AppState(config=self.config, voices=self.voice_set.voices,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 from rtserver.config import AdmissionConfig, ServerConfig
 from rtserver.errors import (
@@ -58,6 +59,20 @@ class Draining(Busy):
     draining = True
 
 
+@runtime_checkable
+class VoiceHealth(Protocol):
+    """A voice that knows when it cannot serve (one behind a GPU worker
+    process, rtserver/worker/remote.py)."""
+
+    def admit(self, context: str) -> None:
+        """Raise the refusal of a new context now, or return."""
+        ...
+
+    def down(self) -> str | None:
+        """Why the voice is down (``/ready`` 503), or None."""
+        ...
+
+
 class Gate:
     def __init__(self, config: AdmissionConfig, voices: Iterable[str]) -> None:
         self.config = config
@@ -66,6 +81,7 @@ class Gate:
         self.breakers = {v: CircuitBreaker(v, config.breaker_failures,
                                            config.breaker_cooldown_s,
                                            config.breaker_max_cooldown_s) for v in voices}
+        self.health: dict[str, VoiceHealth] = {}  # voices that report their own health
         self.draining = False
         # HMAC key of browser tokens: configured, or made for this process
         self.secret = config.token_secret.encode() or secrets.token_bytes(32)
@@ -83,6 +99,9 @@ class Gate:
         breaker = self.breakers.get(voice)
         if breaker is not None:
             breaker.admit(now, context)
+        health = self.health.get(voice)
+        if health is not None:
+            health.admit(context)
         self.rates.context(key, now, context)
         if self.config.first_heard_target_ms > 0:
             self.load.check(predicted_ms(), context)
@@ -106,7 +125,8 @@ class Gate:
 
     def engine_up(self, voice: str, now: float) -> bool:
         breaker = self.breakers.get(voice)
-        return breaker is None or breaker.up(now)
+        health = self.health.get(voice)
+        return (breaker is None or breaker.up(now)) and (health is None or health.down() is None)
 
     @property
     def engine_dead(self) -> bool:
@@ -117,6 +137,8 @@ class Gate:
         if self.draining:
             return False, "draining"
         down = [v for v, b in self.breakers.items() if not b.up(now)]
+        down += [f"{v} ({why})" for v, h in self.health.items() if (why := h.down()) is not None
+                 and v not in down]
         if down:
             return False, "voice down: " + ", ".join(down)
         return True, "ready"
@@ -150,4 +172,5 @@ class MessagePace:
         return 0.0
 
 
-__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "reject_reason"]
+__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "VoiceHealth",
+           "reject_reason"]

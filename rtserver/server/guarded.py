@@ -1,7 +1,10 @@
 """A voice seen through its circuit breaker: the server wraps every loaded
 voice in ``GuardedVoice`` so that each synthesis reports to the ``Gate``:
 a synthesis that ends is a success, an exception a failure (``EngineDead``: the engine is
-gone for good, and ``on_dead`` is called once). The core never knows."""
+gone for good, and ``on_dead`` is called once; ``EngineLost``: the GPU worker
+process went away, which the voice's own health reports, so not counted;
+nor are ``Busy`` and ``Overloaded``: a full GPU worker, a slow consumer).
+The core never knows."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 
 from rtserver.audio.pcm import PcmChunk
-from rtserver.errors import EngineDead
+from rtserver.errors import Busy, EngineDead, EngineLost, Overloaded
 from rtserver.server.gate import Gate
 from rtserver.voices.base import SynthesisRequest, Voice, VoiceInfo
 
@@ -47,6 +50,10 @@ class GuardedVoice:
         try:
             async for chunk in chunks:
                 yield chunk
+        except (EngineLost, Busy, Overloaded):
+            # not the voice's fault: its GPU worker went away (its health says
+            # so), is at capacity, or the consumer fell behind
+            raise
         except EngineDead as exc:
             log.error("voice %s: its engine is dead: %s", name, exc)
             first = not self._gate.engine_dead

@@ -14,7 +14,7 @@ from rtserver.config import Config
 from rtserver.core import ServerLoad, SpeechCore, VoiceStats
 from rtserver.metrics import Metrics
 from rtserver.protocol.messages import Limits, Ready
-from rtserver.server.gate import Gate
+from rtserver.server.gate import Gate, VoiceHealth
 from rtserver.server.guarded import GuardedVoice
 from rtserver.server.workers import current as current_worker
 from rtserver.voices.base import Voice
@@ -45,6 +45,9 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.admission, self.voices)
+        for name, voice in self.voices.items():
+            if isinstance(voice, VoiceHealth):  # a voice behind a GPU worker process
+                self.gate.health[name] = voice
         self.voices = {name: GuardedVoice(voice, self.gate, self.clock.now,
                                           on_dead=self._engine_died)
                        for name, voice in self.voices.items()}

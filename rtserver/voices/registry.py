@@ -157,6 +157,8 @@ class VoiceSet:
     # voices that share one model warm up through one of them
     warm_up_via: list[Voice] = field(default_factory=list)
     releases: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # each configured spec -> the name of its voice
+    by_spec: dict[str, str] = field(default_factory=dict)
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
@@ -206,4 +208,5 @@ async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
     # the default first, so ready.voices and /v1/voices list it first
     out.voices = {default: voices[default], **{n: v for n, v in voices.items() if n != default}}
     out.default = default
+    out.by_spec = {s: by_spec[s] for s in specs}
     return out

@@ -23,7 +23,9 @@ import pytest
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.errors import ConfigError
+from rtserver.server.split import frontends_per_worker
 from rtserver.server.workers import (
+    Service,
     Supervisor,
     WorkerIdentity,
     WorkerPlan,
@@ -110,6 +112,28 @@ def test_a_child_that_keeps_dying_is_restarted_then_gives_up() -> None:
     assert any("died 3 times" in line for line in said), said
 
 
+def test_a_dead_childs_own_children_are_killed_with_it(tmp_path: Path) -> None:
+    """A child killed with -9 leaves its children (vLLM's EngineCore holding
+    the GPU's memory); the supervisor kills its whole process group."""
+    pids = tmp_path / "pids"
+    child = ("import os, signal, subprocess, sys\n"
+             "k = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+             f"open({str(pids)!r}, 'a').write(f'{{k.pid}}\\n')\n"
+             "os.kill(os.getpid(), signal.SIGKILL)\n")
+    status, said = supervise(child, max_deaths=1, backoff_base_s=0.01)
+    assert status == 1 and any("died (-9)" in line for line in said), said
+    orphans = [int(p) for p in pids.read_text().split()]
+    assert len(orphans) == 2  # the first life and its restart
+    for pid in orphans:
+        for _ in range(100):  # the kernel reaps it once init waits for it
+            stat = Path(f"/proc/{pid}/stat")
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"process {pid} outlived its parent's death")
+
+
 def test_children_that_exit_0_are_not_restarted() -> None:
     status, said = supervise("pass", count=2)
     assert status == 0
@@ -131,6 +155,78 @@ def test_sigterm_reaches_each_child_once_and_status_is_0() -> None:
     assert status == 0
     assert "2 of 2 workers ready on ws://test" in said
     assert sum("exited (0)" in line for line in said) == 2, said
+
+
+def test_services_start_first_and_stop_after_the_servers(tmp_path: Path) -> None:
+    """A GPU worker (a service) is started before the front ends and stopped
+    only once they have drained, so the contexts they finish can still speak;
+    each child gets its own environment."""
+    seen = tmp_path / "env"
+    child = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+             f"open({str(seen)!r}, 'a').write(os.environ.get('ROLE', '?') + '\\n')\n"
+             "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+             "time.sleep(60)\n")
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "workers ready" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sup = Supervisor([sys.executable, "-c", child], WorkerPlan(("", "")), drain_timeout_s=5,
+                     url="ws://test", say=say,
+                     services=[Service("gpu worker 0", (sys.executable, "-c", child),
+                                       env=(("ROLE", "worker"),))],
+                     child_env=[(0, {"ROLE": "front 0"}), (1, {"ROLE": "front 1"})])
+    assert sup.run() == 0
+    assert said[0].startswith("gpu worker 0 started"), said
+    assert "3 of 3 workers ready on ws://test" in said
+    exits = [line for line in said if "exited (0)" in line]
+    assert exits[-1] == "gpu worker 0 exited (0)" and len(exits) == 3, said
+    assert sorted(seen.read_text().split("\n")[:-1]) == ["front 0", "front 1", "worker"]
+
+
+def test_a_service_that_stops_on_its_own_is_started_again(tmp_path: Path) -> None:
+    """SIGTERM to the GPU worker alone: the front ends still need it."""
+    marker = tmp_path / "once"
+    service = ("import os, signal, sys, time\n"
+               f"m = {str(marker)!r}\n"
+               "if not os.path.exists(m):\n"
+               "    open(m, 'w').close(); sys.exit(0)\n"
+               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+               "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+               "time.sleep(60)\n")
+    server = ("import os, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+              "os.write(int(os.environ['RTSERVER_WORKER_READY_FD']), b'ready')\n"
+              "time.sleep(60)\n")
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "workers ready" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sup = Supervisor([sys.executable, "-c", server], WorkerPlan(("",)), drain_timeout_s=5,
+                     url="ws://test", say=say,
+                     services=[Service("gpu worker 0", (sys.executable, "-c", service))])
+    assert sup.run() == 0
+    assert "gpu worker 0 exited (0); starting it again" in said
+    assert sum(line.startswith("gpu worker 0 started") for line in said) == 2, said
+    assert "2 of 2 workers ready on ws://test" in said
+
+
+def test_front_ends_per_worker_follow_the_cores() -> None:
+    from rtserver.config import load_config
+
+    auto = load_config(env={})
+    assert frontends_per_worker(auto, workers=1, cores=16) == 8
+    assert frontends_per_worker(auto, workers=2, cores=16) == 4
+    assert frontends_per_worker(auto, workers=1, cores=2) == 1
+    assert frontends_per_worker(auto, workers=4, cores=4) == 1
+    fixed = load_config(env={}, flags={"gpu.frontends": 3})
+    assert frontends_per_worker(fixed, workers=2, cores=64) == 3
 
 
 # --- two processes on one port ---------------------------------------------------------

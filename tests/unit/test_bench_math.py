@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -322,3 +323,42 @@ def test_cpu_table_gives_cpu_seconds_per_second_of_audio() -> None:
     text = report.markdown(results, report.aggregate(samples), [])
     # 1.8 cores x 10 s for 4 x 5 s of audio
     assert "| rtserver | stream/word | 20 | 10 | 1.90 | 1.80 | 0.10 | 0.900 |" in text
+
+
+def test_cpu_meter_counts_the_spawned_servers_children() -> None:
+    """A supervisor's children (GPU worker, front ends) are the server's CPU,
+    not "other processes": a grandchild is found under the bench's pid."""
+    import os
+    import subprocess
+    import sys
+
+    from rtserver.tools.bench.machine import with_descendants
+
+    outer = subprocess.Popen([sys.executable, "-c",
+                              "import subprocess, sys; p = subprocess.Popen([sys.executable, "
+                              "'-c', 'import sys; sys.stdin.read()'], stdin=subprocess.PIPE); "
+                              "print(p.pid, flush=True); sys.stdin.read(); p.stdin.close(); "
+                              "p.wait()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert outer.stdout is not None
+        inner = int(outer.stdout.readline())
+        tree = with_descendants([os.getpid()])
+        assert outer.pid in tree and inner in tree
+        assert inner not in with_descendants([outer.pid + 10**7])  # no such process
+    finally:
+        assert outer.stdin is not None
+        outer.stdin.close()
+        outer.wait(30)
+
+
+def test_worker_ipc_bench_smoke(tmp_path: Path) -> None:
+    """The link benchmark runs a worker process and writes every chunk's count."""
+    import json
+
+    from rtserver.tools.bench.worker_ipc import main
+
+    assert main(["--streams", "2", "--chunk-samples", "512", "--chunks", "10",
+                 "--realtime", "50", "--out", str(tmp_path)]) == 0
+    (level,) = json.loads((tmp_path / "results.json").read_text())["levels"]
+    assert level["streams"] == 2 and level["chunks"] == 20 and level["samples"] == 20 * 512

@@ -11,7 +11,7 @@ import pytest
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.config import AdmissionConfig
-from rtserver.errors import EngineDead, EngineUnavailable
+from rtserver.errors import Busy, EngineDead, EngineLost, EngineUnavailable
 from rtserver.server.gate import Gate
 from rtserver.server.guarded import GuardedVoice, unwrap
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
@@ -96,3 +96,41 @@ def test_unwrap_reaches_the_loaded_voice() -> None:
     assert voice.inner is inner
     assert unwrap(voice) is inner  # type: ignore[arg-type]
     assert unwrap(inner) is inner  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("err", [EngineLost("worker gone"), Busy("worker full")])
+async def test_a_lost_or_full_gpu_worker_does_not_open_the_breaker(err: Exception) -> None:
+    """Those are not the voice's failures: the breaker stays closed."""
+    gate, voice, dead = setup(Scripted(1, err))
+    for _ in range(3):
+        with pytest.raises(type(err)):
+            await drain(voice)
+    gate.start("k", "v:x", 0.0, "c", lambda: 0.0)  # still admitted
+    assert gate.ready(0.0) == (True, "ready") and not dead
+
+
+class Health:
+    def __init__(self) -> None:
+        self.why: str | None = None
+
+    def admit(self, context: str) -> None:
+        if self.why is not None:
+            raise EngineUnavailable(self.why, context=context, retry_after_ms=1000)
+
+    def down(self) -> str | None:
+        return self.why
+
+
+def test_a_voice_health_decides_ready_and_admission() -> None:
+    """A voice behind a GPU worker: /ready and new contexts follow its health."""
+    gate = Gate(AdmissionConfig(), ["v:x"])
+    health = gate.health["v:x"] = Health()
+    assert gate.ready(0.0) == (True, "ready") and gate.engine_up("v:x", 0.0)
+    health.why = "GPU worker down"
+    ready, why = gate.ready(0.0)
+    assert not ready and "GPU worker down" in why and not gate.engine_up("v:x", 0.0)
+    with pytest.raises(EngineUnavailable) as exc:
+        gate.start("k", "v:x", 0.0, "c", lambda: 0.0)
+    assert exc.value.retry_after_ms == 1000
+    health.why = None
+    gate.start("k", "v:x", 0.0, "c", lambda: 0.0)

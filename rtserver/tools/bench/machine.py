@@ -89,9 +89,31 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _ticks()
 
 
+def with_descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every live process under them (each ``/proc/PID/stat``'s
+    parent): a server run as a supervisor does its work in its children."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent[int(entry.name)] = int(raw.rsplit(")", 1)[1].split()[1])
+    found, todo = set(pids), list(pids)
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in found]
+        found.update(kids)
+        todo += kids
+    return sorted(found)
+
+
 @dataclass
 class CpuMeter:
-    """CPU use over a step: ours (the bench and the servers it spawned) and the
+    """CPU use over a step: ours (the bench and the servers it spawned, with
+    their child processes: a supervisor's GPU worker and front ends) and the
     rest of the machine's, which competes with the server under test."""
 
     pids: list[int]
@@ -100,17 +122,18 @@ class CpuMeter:
 
     def start(self) -> None:
         self._busy = cpu_busy_s()
-        self._ours = {p: v for p in self.pids if (v := process_cpu_s(p)) is not None}
+        self._ours = {p: v for p in with_descendants(self.pids)
+                      if (v := process_cpu_s(p)) is not None}
 
     def stop(self, seconds: float) -> dict[str, float | None]:
         busy = cpu_busy_s()
         if self._busy is None or busy is None or seconds <= 0:
             return {"busy_cores": None, "ours_cores": None, "other_cores": None}
         ours = 0.0
-        for p, before in self._ours.items():
+        for p in with_descendants(self.pids):  # one born in the step: all of it
             now = process_cpu_s(p)
             if now is not None:
-                ours += now - before
+                ours += now - self._ours.get(p, 0.0)
         total = busy - self._busy
         return {"busy_cores": total / seconds, "ours_cores": ours / seconds,
                 "other_cores": max(0.0, total - ours) / seconds}

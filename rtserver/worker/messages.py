@@ -1,0 +1,113 @@
+"""What front ends and a GPU worker say to each other: typed msgspec Structs
+in msgpack, a tagged union each way (the way vLLM V1's ``EngineCoreRequest`` /
+``EngineCoreOutputs`` travel: msgspec over ZMQ, pickle nowhere).
+
+A message is one ZMQ frame; a ``Chunk`` is followed by a second frame, its
+PCM (mono float32, native byte order, ``sample_rate`` Hz), sent without a copy
+and read in place. Times (``deadline``, ``model_output_at``, ``sent_at``) are
+CLOCK_MONOTONIC seconds, which Linux shares between processes.
+
+Down (front end -> worker): ``Hello``, ``Synthesize``, ``Cancel``, ``Ping``.
+Up (worker -> front end): ``Ready`` (to every ``Hello``), ``Load`` (to every
+``Ping``), ``Chunk``, ``End``, ``Failed``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields)."""
+
+    name: str
+    family: str
+    sample_rate: int
+    language: str = "en"
+    description: str = ""
+    chunk_plan_ms: tuple[float, ...] = ()
+    chunk_cost_ms: tuple[float, ...] = ()
+    parallel_segments: int = 0
+
+
+class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
+    """A front end (re)introduces itself; the worker answers ``Ready``."""
+
+    pid: int
+
+
+class Synthesize(msgspec.Struct, frozen=True, kw_only=True, tag="synthesize"):
+    """Speak ``text`` with ``voice``: a ``SynthesisRequest`` across the seam.
+    ``request_id`` is unique within the sending front end."""
+
+    request_id: str
+    voice: str
+    text: str
+    first: bool = False
+    deadline: float | None = None  # CLOCK_MONOTONIC
+    want_marks: bool = False  # send back when the model's first output came
+
+
+class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
+    """Stop ``request_id`` and free what it holds (its engine row, vocoder state)."""
+
+    request_id: str
+
+
+class Ping(msgspec.Struct, frozen=True, kw_only=True, tag="ping"):
+    """The front end's heartbeat; the worker answers ``Load``."""
+
+
+class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
+    """The worker's voices, loaded and warm. ``epoch`` changes with each start
+    of a worker (a front end that sees a new one knows the old one is gone)."""
+
+    epoch: str
+    pid: int
+    voices: tuple[VoiceEntry, ...]
+    by_spec: dict[str, str]  # configured spec -> voice name
+    default: str
+    capacity: dict[str, int]  # family -> requests it serves at once
+
+
+class Load(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
+    """Requests the worker holds now, per family, against ``capacity``."""
+
+    epoch: str
+    active: dict[str, int]
+    capacity: dict[str, int]
+
+
+class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):
+    """The next PCM of ``request_id``; the samples are the next frame."""
+
+    request_id: str
+    sample_rate: int
+    sent_at: float = 0.0  # CLOCK_MONOTONIC, when the worker sent it
+    model_output_at: float | None = None  # CLOCK_MONOTONIC, with the first chunk
+
+
+class End(msgspec.Struct, frozen=True, kw_only=True, tag="end"):
+    """``request_id`` is complete."""
+
+    request_id: str
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
+    """``request_id`` failed; ``code`` is an ``rtserver.errors.ErrorCode`` value."""
+
+    request_id: str
+    code: str
+    message: str
+    retry_after_ms: int | None = None
+
+
+Down = Hello | Synthesize | Cancel | Ping
+Up = Ready | Load | Chunk | End | Failed
+
+encode = msgspec.msgpack.Encoder().encode
+decode_down = msgspec.msgpack.Decoder(Down).decode
+decode_up = msgspec.msgpack.Decoder(Up).decode
+
+__all__ = ["Cancel", "Chunk", "Down", "End", "Failed", "Hello", "Load", "Ping", "Ready",
+           "Synthesize", "Up", "VoiceEntry", "decode_down", "decode_up", "encode"]

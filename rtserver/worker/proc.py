@@ -1,0 +1,395 @@
+"""The GPU worker process: the GPU families' voices, served over ZMQ.
+
+``rtserver worker`` loads the voices of ``[gpu] families`` through the voice
+registry (as the server does in one process), warms them, binds a ROUTER on
+``[gpu] endpoint`` and serves ``Voice.synthesize`` for every front end that
+connects (a DEALER each). The voices' engines run their step loops in their
+own threads (rtserver's torch engine) or processes (vLLM's EngineCore); this
+process's event loop only moves requests in and PCM out, so nothing else in
+it competes with them for the GIL.
+
+Its contract with front ends (``messages``):
+
+- ``Hello`` -> ``Ready`` (voices, capacity); ``Ping`` -> ``Load``.
+- ``Synthesize`` runs the voice's ``synthesize``; each chunk goes up as
+  ``Chunk`` + its samples, then ``End``, or ``Failed`` with an error code.
+  A context's first segment (``first``) over the family's capacity is refused
+  at once with ``overloaded``: however many front ends there are, the GPU
+  never holds more than its capacity of new contexts.
+- ``Cancel`` cancels the request's task: the voice frees its engine row and
+  vocoder state (the ``Voice`` contract) at its next step.
+- A front end that goes away (a send to it fails: ROUTER_MANDATORY) or stays
+  silent for ``timeout_s`` loses its requests: they are cancelled here (and
+  failed to a silent one, which may still be listening).
+- It never waits for a front end: sends do not block; a front end whose
+  queue is full (``SNDHWM``) fails that request with ``overloaded``.
+- A voice whose engine died (``EngineDead``) fails its request and the
+  process exits ``ENGINE_DEAD_EXIT`` (the others fail as front ends see the
+  socket close); the supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIServer
+
+import numpy as np
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rtserver.clock import SYSTEM_CLOCK
+from rtserver.config import Config, GpuConfig
+from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice
+from rtserver.voices.registry import VoiceSet, load_voices
+from rtserver.worker import messages as m
+from rtserver.worker.placement import capacity_of, split_specs
+from rtserver.worker.sockets import sent_now
+
+log = logging.getLogger("rtserver.worker")
+
+# Messages queued for one front end before sends to it fail (zmq SNDHWM):
+# about 40 s of 24 kHz audio in ChatTTS's 512-sample chunks for each of 64
+# streams; a front end this far behind is not reading at all.
+SEND_HWM = 120_000
+# On exit, how long queued messages may take to go out (ms).
+CLOSE_LINGER_MS = 1000
+# Exit status after an engine died (as the server's, rtserver.server.app).
+ENGINE_DEAD_EXIT = 70
+
+
+class PeerGone(Exception):
+    """A send found its front end gone (EHOSTUNREACH with ROUTER_MANDATORY)."""
+
+
+@dataclasses.dataclass
+class _Request:
+    peer: bytes
+    family: str
+    task: asyncio.Task[None]
+
+
+class WorkerServer:
+    """Serves ``voices`` on a bound ROUTER socket until ``stop`` is set."""
+
+    def __init__(self, voices: Mapping[str, Voice], *, by_spec: Mapping[str, str], default: str,
+                 capacity: Mapping[str, int], config: GpuConfig,
+                 send_hwm: int = SEND_HWM) -> None:
+        self.voices = dict(voices)
+        self.send_hwm = send_hwm
+        self.config = config
+        self.epoch = uuid.uuid4().hex[:12]
+        self.capacity = dict(capacity)
+        self.active = {fam: 0 for fam in capacity}
+        self.ready = m.Ready(
+            epoch=self.epoch, pid=os.getpid(),
+            voices=tuple(m.VoiceEntry(**{f: getattr(v.info, f)
+                                         for f in m.VoiceEntry.__struct_fields__})
+                         for v in self.voices.values()),
+            by_spec=dict(by_spec), default=default, capacity=self.capacity)
+        self._requests: dict[tuple[bytes, str], _Request] = {}
+        self._seen: dict[bytes, float] = {}  # front end -> when it last spoke
+        self._owed: list[tuple[bytes, m.Failed]] = []  # failures a full queue held back
+        self.engine_dead = asyncio.Event()
+        self._sock: zmq.asyncio.Socket | None = None
+
+    # -- sending: never waits -------------------------------------------------
+    def _send(self, peer: bytes, msg: m.Up, samples: np.ndarray | None = None) -> None:
+        """Send now or raise: ``zmq.Again`` (the front end's queue is full) or
+        ``PeerGone``."""
+        assert self._sock is not None
+        frames: list[object] = [peer, m.encode(msg)]
+        if samples is not None:
+            frames.append(np.ascontiguousarray(samples, dtype=np.float32))  # sent in place
+        try:
+            sent_now(self._sock.send_multipart(frames, flags=zmq.DONTWAIT, copy=False))
+        except zmq.Again:
+            raise
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise PeerGone(peer) from None
+            raise
+
+    def _send_failed(self, peer: bytes, msg: m.Failed) -> None:
+        try:
+            self._send(peer, msg)
+        except zmq.Again:
+            self._owed.append((peer, msg))
+        except PeerGone:
+            self._drop_peer(peer, "gone")
+
+    # -- requests -------------------------------------------------------------
+    def _start(self, peer: bytes, msg: m.Synthesize) -> None:
+        key = (peer, msg.request_id)
+        voice = self.voices.get(msg.voice)
+        if voice is None:
+            self._send_failed(peer, m.Failed(request_id=msg.request_id,
+                                             code=ErrorCode.UNKNOWN_VOICE.value,
+                                             message=f"the GPU worker has no voice {msg.voice}"))
+            return
+        if key in self._requests:
+            return  # a duplicate (the front end resent): the first one runs
+        family = voice.info.family
+        cap = self.capacity.get(family, 0)
+        if msg.first and cap and self.active.get(family, 0) >= cap:
+            self._send_failed(peer, m.Failed(
+                request_id=msg.request_id, code=ErrorCode.OVERLOADED.value,
+                message=f"the GPU worker serves {cap} {family} requests at once",
+                retry_after_ms=250))
+            return
+        self.active[family] = self.active.get(family, 0) + 1
+        task = asyncio.create_task(self._run(peer, voice, msg), name=f"request {msg.request_id}")
+        self._requests[key] = _Request(peer, family, task)
+
+    async def _run(self, peer: bytes, voice: Voice, msg: m.Synthesize) -> None:
+        rid = msg.request_id
+        marks = Marks(SYSTEM_CLOCK) if msg.want_marks else None
+        # front ends number requests each on their own: the engines see the
+        # front end's identity too, so two front ends' ids never meet there
+        request = SynthesisRequest(text=msg.text, request_id=f"{peer.hex()}/{rid}",
+                                   first=msg.first,
+                                   deadline=msg.deadline, marks=marks, clock=SYSTEM_CLOCK)
+        mark_sent = marks is None
+        try:
+            async with contextlib.aclosing(voice.synthesize(request)) as chunks:
+                async for chunk in chunks:
+                    at = None
+                    if not mark_sent and marks is not None and MODEL_OUTPUT_MARK in marks:
+                        at, mark_sent = marks[MODEL_OUTPUT_MARK], True
+                    self._send(peer, m.Chunk(request_id=rid, sample_rate=chunk.sample_rate,
+                                             sent_at=time.monotonic(), model_output_at=at),
+                               chunk.samples)
+            self._send(peer, m.End(request_id=rid))
+        except zmq.Again:
+            log.warning("front end %s does not keep up: request %s fails", peer.hex(), rid)
+            self._send_failed(peer, m.Failed(
+                request_id=rid, code=ErrorCode.OVERLOADED.value,
+                message="the front end fell behind the GPU worker"))
+        except PeerGone:
+            self._drop_peer(peer, "gone")
+        except RtError as exc:
+            self._send_failed(peer, m.Failed(request_id=rid, code=exc.code.value,
+                                             message=exc.message,
+                                             retry_after_ms=exc.retry_after_ms))
+            if isinstance(exc, EngineDead):
+                log.critical("voice %s: its engine died (%s); the worker exits",
+                             voice.info.name, exc)
+                self.engine_dead.set()
+        except Exception as exc:  # a voice's fault fails this request only
+            log.exception("request %s failed", rid)
+            self._send_failed(peer, m.Failed(request_id=rid, code=ErrorCode.ENGINE_FAILED.value,
+                                             message=f"voice failed: {exc}"))
+        finally:
+            req = self._requests.pop((peer, rid), None)
+            if req is not None:
+                self.active[req.family] -= 1
+
+    @property
+    def frontends(self) -> int:
+        """Front ends heard from within the silence timeout."""
+        return len(self._seen)
+
+    def _cancel(self, peer: bytes, request_id: str) -> None:
+        req = self._requests.get((peer, request_id))
+        if req is not None:
+            req.task.cancel()
+
+    def _drop_peer(self, peer: bytes, why: str, *, tell: bool = False) -> None:
+        """A front end went away: cancel its requests (they free their rows).
+        ``tell``: it may still be there (it was only silent), so each request
+        is failed to it too, rather than left waiting for ever."""
+        self._seen.pop(peer, None)
+        self._owed = [(p, f) for p, f in self._owed if p != peer]
+        gone = [(rid, r) for (p, rid), r in self._requests.items() if p == peer]
+        if gone:
+            log.warning("front end %s %s: cancelling its %d request(s)", peer.hex(), why,
+                        len(gone))
+        for rid, req in gone:
+            req.task.cancel()
+            if tell:
+                with contextlib.suppress(zmq.ZMQError, PeerGone):
+                    self._send(peer, m.Failed(request_id=rid, code=ErrorCode.ENGINE_FAILED.value,
+                                              message=f"the GPU worker dropped this front end "
+                                                      f"({why})"))
+
+    # -- the loop ---------------------------------------------------------------
+    def _handle(self, peer: bytes, body: bytes) -> None:
+        try:
+            msg = m.decode_down(body)
+        except Exception:  # msgspec.DecodeError / ValidationError: a bad peer
+            log.warning("front end %s sent an unreadable message", peer.hex())
+            return
+        self._seen[peer] = time.monotonic()
+        if isinstance(msg, m.Synthesize):
+            self._start(peer, msg)
+        elif isinstance(msg, m.Cancel):
+            self._cancel(peer, msg.request_id)
+        elif isinstance(msg, m.Ping):
+            with contextlib.suppress(zmq.Again, PeerGone):
+                self._send(peer, m.Load(epoch=self.epoch, active=dict(self.active),
+                                        capacity=self.capacity))
+        else:  # Hello
+            with contextlib.suppress(zmq.Again, PeerGone):
+                self._send(peer, self.ready)
+
+    async def _janitor(self) -> None:
+        """Drop silent front ends; send the failures a full queue held back."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            now = time.monotonic()
+            for peer, seen in list(self._seen.items()):
+                if now - seen > self.config.timeout_s:
+                    self._drop_peer(peer, f"silent for {now - seen:.1f} s", tell=True)
+            owed, self._owed = self._owed, []
+            for peer, failed in owed:
+                self._send_failed(peer, failed)
+
+    async def serve(self, endpoint: str, stop: asyncio.Event,
+                    on_listening: Callable[[], None] = lambda: None) -> int:
+        """Bind ``endpoint`` and serve until ``stop`` (0) or an engine died
+        (``ENGINE_DEAD_EXIT``)."""
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDHWM, self.send_hwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(endpoint)
+        self._sock = sock
+        on_listening()
+        janitor = asyncio.create_task(self._janitor())
+        stopping = asyncio.create_task(stop.wait())
+        dead = asyncio.create_task(self.engine_dead.wait())
+        try:
+            while True:
+                recv = asyncio.ensure_future(sock.recv_multipart())
+                await asyncio.wait([recv, stopping, dead], return_when=asyncio.FIRST_COMPLETED)
+                if not recv.done():
+                    recv.cancel()
+                    break
+                frames = recv.result()
+                if len(frames) == 2:
+                    self._handle(frames[0], frames[1])
+                # drain what else is there without waiting (a burst of pings)
+                while True:
+                    try:
+                        frames = await sock.recv_multipart(flags=zmq.DONTWAIT)
+                    except zmq.Again:
+                        break
+                    if len(frames) == 2:
+                        self._handle(frames[0], frames[1])
+        finally:
+            for task in (janitor, stopping, dead):
+                task.cancel()
+            tasks = [r.task for r in self._requests.values()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # a second for the last failures to reach the front ends (an
+            # engine's death: its message says more than the disconnect)
+            sock.close(linger=CLOSE_LINGER_MS)
+            ctx.term()
+        return ENGINE_DEAD_EXIT if self.engine_dead.is_set() else 0
+
+
+async def load_worker_voices(config: Config, say: Callable[[str], None]) -> VoiceSet:
+    """Load and warm the GPU families' voices of ``config``."""
+    _, specs = split_specs(config)
+    if not specs:
+        raise ConfigError(f"the GPU worker serves the families {', '.join(config.gpu.families)}"
+                          " but no configured voice is of them")
+    settings = dataclasses.replace(config.voice, default=specs[0], extra=tuple(specs[1:]))
+    voice_set = await load_voices(settings, config.families, progress=say)
+    try:
+        say(f"warming up {len(voice_set.voices)} voice(s)")
+        await voice_set.warm_up()
+    except BaseException:
+        await voice_set.close()
+        raise
+    return voice_set
+
+
+async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None,
+                     say: Callable[[str], None] | None = None) -> int:
+    """``rtserver worker``: load, warm, serve ``[gpu] endpoint`` until SIGTERM."""
+    endpoint = config.gpu.endpoint
+    if not endpoint:
+        raise ConfigError("the GPU worker needs gpu.endpoint (the supervisor sets it)")
+    say = say or (lambda msg: print(f"rtserver gpu worker: {msg}", flush=True))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    voice_set = await load_worker_voices(config, say)
+    try:
+        families = {v.info.family for v in voice_set.voices.values()}
+        server = WorkerServer(voice_set.voices, by_spec=voice_set.by_spec,
+                              default=voice_set.default,
+                              capacity={f: capacity_of(config, f) for f in families},
+                              config=config.gpu)
+
+        metrics = serve_metrics(config, voice_set, server)
+
+        def listening() -> None:
+            say(f"ready on {endpoint} (epoch {server.epoch}, capacity "
+                + ", ".join(f"{f} {c or 'unbounded'}" for f, c in server.capacity.items()) + ")")
+            on_ready()
+
+        try:
+            return await server.serve(endpoint, stop, on_listening=listening)
+        finally:
+            if metrics is not None:
+                metrics.shutdown()
+                metrics.server_close()
+    finally:
+        await voice_set.close()
+
+
+class WorkerCollector(Collector):
+    """The worker's own load: requests held and capacity per family, front ends."""
+
+    def __init__(self, server: WorkerServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        held = GaugeMetricFamily("rtserver_gpu_worker_requests",
+                                 "Requests the GPU worker holds (all front ends)",
+                                 labels=["family"])
+        cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
+                                "Requests the GPU worker serves at once", labels=["family"])
+        for family, n in self.server.capacity.items():
+            held.add_metric([family], float(self.server.active.get(family, 0)))
+            cap.add_metric([family], float(n))
+        fronts = GaugeMetricFamily("rtserver_gpu_worker_frontends",
+                                   "Front ends that spoke to the GPU worker lately")
+        fronts.add_metric([], float(self.server.frontends))
+        yield from (held, cap, fronts)
+
+
+def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer
+                  ) -> WSGIServer | None:
+    """``/metrics`` of the worker on ``[gpu] metrics_port`` (its engines' collectors
+    and ``WorkerCollector``) in prometheus_client's own thread; None when off."""
+    port = config.gpu.metrics_port
+    if not port:
+        return None
+    registry = CollectorRegistry()
+    for collector in [*voice_set.collectors, WorkerCollector(server)]:
+        registry.register(collector)
+    httpd, _ = start_http_server(port, addr=config.server.host, registry=registry)
+    return httpd
+
+
+__all__ = ["ENGINE_DEAD_EXIT", "WorkerCollector", "WorkerServer", "load_worker_voices",
+           "run_worker", "serve_metrics"]

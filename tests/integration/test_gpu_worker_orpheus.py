@@ -1,0 +1,89 @@
+"""Orpheus through a GPU worker process: ``rtserver worker`` runs the vLLM
+client (its EngineCore is vLLM's own process) and the SNAC vocoder for a tiny
+Llama with dummy weights on the CPU wheel; a front end in this process reaches
+it over ZMQ and serves it on the WebSocket. One lean test: vLLM takes about a
+minute to start on 2 cores."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+from rtserver.client import RtClient
+from rtserver.testing.server_thread import ServerThread
+from rtserver.tools.layouts.snac import write_tiny_snac
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SNAC_FRAME = 2048  # samples of one 7-token frame at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def front_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    root = Path(tmp_path_factory.mktemp("orpheus"))
+    model = write_tiny_orpheus(root / "llama", shape="tiny")
+    snac = write_tiny_snac(root / "snac", seed=0)
+    endpoint = f"ipc://{root}/worker.sock"
+    cfg = root / "worker.toml"
+    cfg.write_text('[voice]\ndefault = "orpheus:tara"\n'
+                   f'[orpheus]\nmodel_dir = "{model}"\nsnac_dir = "{snac}"\n'
+                   'dummy_weights = true\ndevice = "cpu"\nenforce_eager = true\n'
+                   'max_model_len = 2048\nmax_num_seqs = 8\n'
+                   f'[gpu]\nendpoint = "{endpoint}"\n')
+    log = (root / "worker.log").open("w")
+    worker = subprocess.Popen([sys.executable, "-m", "rtserver", "worker", "--config", str(cfg)],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+    srv = ServerThread.with_settings(voice={"default": "orpheus:tara"},
+                                     gpu={"endpoint": endpoint})
+    try:
+        try:
+            srv.start(timeout=400)  # the front end is ready once the worker is
+        except (TimeoutError, RuntimeError):
+            raise AssertionError((root / "worker.log").read_text()) from None
+        yield srv
+    finally:
+        srv.stop()
+        worker.terminate()
+        worker.wait(60)
+        log.close()
+
+
+async def test_orpheus_speaks_through_the_worker(front_end: ServerThread) -> None:
+    async with RtClient.connect(front_end.url) as client:
+        assert next(getattr(v, "name", v) for v in client.ready.voices) == "orpheus:tara"
+        ctx = await client.start(format="pcm_s16le", sample_rate=24000)
+        await ctx.send_text("Hello there.")
+        await ctx.end()
+        result = await ctx.collect()
+    assert result.ok, (result.error, result.failure)
+    assert result.pcm is not None
+    pcm = result.pcm
+    # whole SNAC frames of audio (the last 20 ms frame filled up with silence)
+    spoken = len(np.trim_zeros(pcm, "b"))
+    assert len(pcm) >= SNAC_FRAME and len(pcm) % 480 == 0
+    assert len(pcm) - spoken < SNAC_FRAME + 480
+    assert float(np.abs(pcm).max()) > 0
+    # the model's own output time came back with the first chunk: TTFA's parts
+    body = await _metrics(front_end)
+    assert 'rtserver_first_audio_stage_ms_count{stage="model",voice="orpheus:tara"} 1.0' in body
+
+
+async def _metrics(srv: ServerThread) -> str:
+    def get() -> str:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(srv.http + "/metrics", timeout=10) as resp:
+            return str(resp.read().decode())
+
+    return await asyncio.to_thread(get)

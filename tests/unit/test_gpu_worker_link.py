@@ -1,0 +1,434 @@
+"""The GPU worker's seam without a model: a ``WorkerServer`` serving fake
+voices on an ipc socket and a front end's ``WorkerLink`` / ``RemoteVoice`` in
+the same loop, over real ZMQ sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from rtserver.audio.pcm import PcmChunk
+from rtserver.clock import ManualClock
+from rtserver.config import GpuConfig, load_config
+from rtserver.errors import (
+    Busy,
+    EngineDead,
+    EngineFailed,
+    EngineLost,
+    EngineUnavailable,
+    Overloaded,
+    UnknownVoice,
+)
+from rtserver.voices import registry
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
+from rtserver.voices.registry import FamilyVoices, VoiceFamily, register_family
+from rtserver.worker import messages as m
+from rtserver.worker.placement import capacity_of, split_specs
+from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerServer
+from rtserver.worker.remote import RemoteVoice, WorkerLink, load_server_voices
+
+RATE = 24000
+CHUNK = RATE // 10  # 100 ms
+CONFIG = GpuConfig(heartbeat_s=0.05, timeout_s=1.0, request_buffer_s=1.0)
+# silence would take a minute to count: what a test sees sooner came another way
+DEAF = GpuConfig(heartbeat_s=0.05, timeout_s=60.0, request_buffer_s=1.0)
+
+
+class FakeVoice:
+    """``chunks`` chunks of 100 ms whose first sample is the chunk's index;
+    ``hang``: one chunk, then waits until cancelled. Counts what is open."""
+
+    def __init__(self, name: str, *, chunks: int = 5, hang: bool = False,
+                 die: bool = False, pause_s: float = 0.0) -> None:
+        self._info = VoiceInfo(name=name, family="fake", sample_rate=RATE, chunk_plan_ms=(100.0,))
+        self.chunks, self.hang, self.die, self.pause_s = chunks, hang, die, pause_s
+        self.open = 0
+        self.cancelled = 0
+        self.requests: list[SynthesisRequest] = []
+
+    @property
+    def info(self) -> VoiceInfo:
+        return self._info
+
+    async def warm_up(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
+        self.open += 1
+        self.requests.append(request)
+        try:
+            for i in range(self.chunks):
+                if request.marks is not None:
+                    request.marks.mark(MODEL_OUTPUT_MARK)
+                samples = np.zeros(CHUNK, np.float32)
+                samples[0] = i
+                yield PcmChunk(samples, RATE)
+                if self.die:
+                    raise EngineDead("the engine thread crashed")
+                if self.hang:
+                    await asyncio.Event().wait()
+                await asyncio.sleep(self.pause_s)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled += 1
+            raise
+        finally:
+            self.open -= 1
+
+
+async def until(cond: Callable[[], bool], within: float = 5.0) -> None:
+    """Wait until ``cond()`` holds (polling an observable state)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+class Rig:
+    def __init__(self, tmp: Path, voices: list[FakeVoice], capacity: int = 0,
+                 config: GpuConfig = CONFIG, send_hwm: int = 120_000) -> None:
+        self.endpoint = f"ipc://{tmp}/w.sock"
+        self.voices = voices
+        self.capacity = capacity
+        self.config = config
+        self.send_hwm = send_hwm
+        self.stop = asyncio.Event()
+        self.server: WorkerServer | None = None
+        self.task: asyncio.Task[int] | None = None
+
+    def start_worker(self) -> None:
+        self.stop = asyncio.Event()
+        self.server = WorkerServer({v.info.name: v for v in self.voices},
+                                   by_spec={v.info.name: v.info.name for v in self.voices},
+                                   default=self.voices[0].info.name,
+                                   capacity={"fake": self.capacity}, config=self.config,
+                                   send_hwm=self.send_hwm)
+        self.task = asyncio.create_task(self.server.serve(self.endpoint, self.stop))
+
+    async def stop_worker(self) -> None:
+        assert self.task is not None
+        self.stop.set()
+        assert await self.task == 0
+
+
+@contextlib.asynccontextmanager
+async def rig(tmp: Path, voices: list[FakeVoice], capacity: int = 0,
+              worker: GpuConfig = CONFIG, link: GpuConfig = CONFIG, send_hwm: int = 120_000
+              ) -> AsyncIterator[tuple[Rig, WorkerLink, dict[str, RemoteVoice]]]:
+    r = Rig(tmp, voices, capacity, worker, send_hwm)
+    r.start_worker()
+    front = WorkerLink(r.endpoint, link)
+    try:
+        ready = await asyncio.wait_for(front.start(), 10)
+        remote = {e.name: RemoteVoice(front, VoiceInfo(**msgspec.structs.asdict(e)))
+                  for e in ready.voices}
+        yield r, front, remote
+    finally:
+        await front.close()
+        if r.task is not None and not r.task.done():
+            await r.stop_worker()
+
+
+def request(rid: str, *, first: bool = True, marks: Marks | None = None,
+            clock: ManualClock | None = None) -> SynthesisRequest:
+    if clock is None:
+        return SynthesisRequest(text="hello", request_id=rid, first=first, marks=marks)
+    return SynthesisRequest(text="hello", request_id=rid, first=first, marks=marks, clock=clock,
+                            deadline=clock.now() + 2.0)
+
+
+def test_messages_round_trip_and_refuse_garbage() -> None:
+    msg = m.Synthesize(request_id="a-1", voice="chattts:alice", text="Hi.", first=True,
+                       deadline=12.5, want_marks=True)
+    assert m.decode_down(m.encode(msg)) == msg
+    up = m.Failed(request_id="a-1", code="overloaded", message="full", retry_after_ms=250)
+    assert m.decode_up(m.encode(up)) == up
+    with pytest.raises(msgspec.DecodeError):
+        m.decode_down(m.encode(up))  # an up message is not a down one
+
+
+async def test_audio_in_order_with_the_info_and_the_mark(tmp_path: Path) -> None:
+    """Chunks arrive whole and in order; the info is the worker's; the model
+    output mark comes back on the front end's own clock."""
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (_, _, remote):
+        rv = remote["fake:a"]
+        assert rv.info == voice.info
+        clock = ManualClock(1000.0)
+        marks = Marks(clock)
+        got = [c async for c in rv.synthesize(request("r1", marks=marks, clock=clock))]
+    assert [int(c.samples[0]) for c in got] == [0, 1, 2, 3, 4]
+    assert all(len(c.samples) == CHUNK and c.sample_rate == RATE for c in got)
+    # the worker saw a deadline 2 s ahead on its clock; the mark is near the
+    # front end's clock (1000 s), not the worker's monotonic time
+    seen = voice.requests[0]
+    assert seen.deadline is not None and 1.5 < seen.deadline - seen.clock.now() <= 2.0
+    assert abs(marks[MODEL_OUTPUT_MARK] - 1000.0) < 1.0
+
+
+async def test_the_front_end_measures_each_chunks_delay(tmp_path: Path) -> None:
+    """Every chunk's time from the worker's send to the reader is observed."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rtserver.worker.remote import LinkCollector
+
+    async with rig(tmp_path, [FakeVoice("fake:a")]) as (_, link, remote):
+        got = [c async for c in remote["fake:a"].synthesize(request("r1"))]
+        reg = CollectorRegistry()
+        reg.register(LinkCollector(link))
+        body = generate_latest(reg).decode()
+    assert len(got) == 5
+    assert "rtserver_gpu_worker_chunk_delay_ms_count 5.0" in body
+    assert "rtserver_gpu_worker_up 1.0" in body
+
+
+async def test_cancel_reaches_the_voice_and_frees_the_request(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice]) as (r, link, remote):
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        assert voice.open == 1
+        await until(lambda: link.active("fake") == 1)  # the worker's published load
+        await gen.aclose()  # the core stops early: Cancel goes down
+        await until(lambda: voice.open == 0)
+        assert voice.cancelled == 1
+        await until(lambda: link.active("fake") == 0)
+        assert r.server is not None and not r.server.active["fake"]
+
+
+async def test_capacity_refuses_new_contexts_in_the_worker_and_the_gate(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice], capacity=1) as (_, link, remote):
+        rv = remote["fake:a"]
+        held = rv.synthesize(request("r1"))
+        await held.__anext__()
+        # the worker refuses a second context's first segment over its capacity
+        with pytest.raises(Busy) as exc:
+            await rv.synthesize(request("r2")).__anext__()
+        assert exc.value.retry_after_ms
+        await until(lambda: link.active("fake") == 1)
+        with pytest.raises(Busy):  # and the front end's admission knows it
+            rv.admit("ctx")
+        await held.aclose()
+        await until(lambda: link.active("fake") == 0)
+        rv.admit("ctx")
+
+
+async def test_unknown_voice_is_unknown_voice(tmp_path: Path) -> None:
+    async with rig(tmp_path, [FakeVoice("fake:a")]) as (_, link, _):
+        ghost = RemoteVoice(link, VoiceInfo(name="fake:ghost", family="fake", sample_rate=RATE))
+        with pytest.raises(UnknownVoice):
+            await ghost.synthesize(request("r1")).__anext__()
+
+
+async def test_a_front_end_that_goes_away_loses_its_requests(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice]) as (r, _, _):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        rv = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+        gen = rv.synthesize(request("r1"))
+        await gen.__anext__()
+        assert voice.open == 1
+        # the front end's socket closes without a Cancel (its process died)
+        other._sock.close(linger=0)
+        await until(lambda: voice.open == 0)
+        assert voice.cancelled == 1
+        await other.close()
+
+
+async def test_a_silent_front_end_is_dropped_and_told(tmp_path: Path) -> None:
+    """A front end whose heartbeat stops (a stalled process) loses its
+    requests in the worker, and is told so if it is still there, rather than
+    waiting for ever."""
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice], link=DEAF) as (_, link, remote):
+        link._tasks[1].cancel()  # the heartbeat task: the worker hears nothing more
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        with pytest.raises(EngineFailed, match="dropped"):
+            await asyncio.wait_for(gen.__anext__(), 10)
+        assert voice.open == 0 and voice.cancelled == 1
+
+
+async def test_a_front_end_gone_mid_stream_is_seen_at_the_next_chunk(tmp_path: Path) -> None:
+    """A send to a vanished front end fails (ROUTER_MANDATORY): its requests
+    are cancelled then, not after the silence timeout (a minute here)."""
+    voice = FakeVoice("fake:a", chunks=1000, pause_s=0.02)
+    async with rig(tmp_path, [voice], worker=DEAF) as (r, _, _):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        rv = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+        gen = rv.synthesize(request("r1"))
+        await gen.__anext__()
+        other._sock.close(linger=0)
+        await until(lambda: voice.open == 0)
+        assert voice.cancelled == 1
+        await other.close()
+
+
+async def test_a_consumer_that_does_not_take_its_audio_fails_overloaded(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", chunks=40)  # 4 s, past the 1 s bound
+    async with rig(tmp_path, [voice]) as (_, link, remote):
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        await until(lambda: voice.open == 0)  # the worker never waited for us
+        with pytest.raises(Overloaded):
+            async for _ in gen:
+                pass
+        assert link.up  # one request failed; the worker is fine
+
+
+async def test_a_front_end_that_stops_reading_never_stalls_the_worker(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its queue fills (SNDHWM): that request fails in the worker, which
+    serves another front end meanwhile. (The stalled link neither bounds its
+    buffer nor times the worker out here: only the worker's side acts.)"""
+    flood = FakeVoice("fake:flood", chunks=5000)  # 500 s of audio, 48 MB
+    calm = FakeVoice("fake:calm", chunks=5, pause_s=0.01)
+    patient = GpuConfig(heartbeat_s=0.05, timeout_s=60.0, request_buffer_s=1e6)
+    async with rig(tmp_path, [flood, calm], link=patient, send_hwm=16) as (r, stalled, remote):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        mine = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[1])))
+        gen = remote["fake:flood"].synthesize(request("r1"))
+        await gen.__anext__()
+        stalled._tasks[0].cancel()  # its reader stops: nothing more is taken
+        await until(lambda: flood.open == 0, within=30)
+        assert flood.cancelled == 1  # stopped early, not run to its end
+        assert "does not keep up" in caplog.text
+        assert len([c async for c in mine.synthesize(request("r2"))]) == 5
+        await other.close()
+
+
+async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> None:
+    """Seen through the socket's disconnect (the link would wait a minute of
+    silence), as when the worker's process is killed."""
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice], link=DEAF) as (r, link, remote):
+        rv = remote["fake:a"]
+        epoch = link.ready.epoch if link.ready else ""
+        gen = rv.synthesize(request("r1"))
+        await gen.__anext__()
+        await r.stop_worker()  # its socket closes, as when the process dies
+        with pytest.raises(EngineLost):
+            await asyncio.wait_for(gen.__anext__(), 5)
+        assert rv.down() is not None
+        with pytest.raises(EngineUnavailable):
+            rv.admit("ctx")
+        with pytest.raises(EngineLost):
+            await rv.synthesize(request("r2")).__anext__()
+        voice.hang = False
+        r.start_worker()  # the supervisor's restart
+        await until(lambda: rv.down() is None)
+        assert link.ready is not None and link.ready.epoch != epoch
+        got = [c async for c in rv.synthesize(request("r3"))]
+        assert len(got) == 5
+
+
+async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> None:
+    """Front ends number their requests on their own; the worker's engines
+    still see distinct ids, and each front end gets its own audio."""
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (r, _, remote):
+        other = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(other.start(), 10)
+        mine = RemoteVoice(other, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+
+        async def speak(rv: RemoteVoice) -> int:
+            return len([c async for c in rv.synthesize(request("ctx-1"))])
+
+        assert await asyncio.gather(speak(remote["fake:a"]), speak(mine)) == [5, 5]
+        await other.close()
+    ids = [req.request_id for req in voice.requests]
+    assert len(set(ids)) == 2 and all(i.endswith("/ctx-1") for i in ids)
+
+
+async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_path: Path) -> None:
+    voice = FakeVoice("fake:a", die=True)
+    async with rig(tmp_path, [voice]) as (r, _, remote):
+        gen = remote["fake:a"].synthesize(request("r1"))
+        await gen.__anext__()
+        with pytest.raises(EngineFailed) as exc:
+            await gen.__anext__()
+        assert "crashed" in str(exc.value)
+        assert r.task is not None
+        # the worker exits with its status for the supervisor to restart it
+        assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
+
+
+async def _never_here(specs: object, section: object, settings: object,
+                     progress: object) -> FamilyVoices:
+    raise AssertionError("a front end loaded a GPU family's voice itself")
+
+
+@pytest.fixture
+def fake_family(monkeypatch: pytest.MonkeyPatch) -> VoiceFamily:
+    """The "fake" family, registered for one test (the registry's way in its own tests)."""
+    registry.families()  # the built-in ones first
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
+    return register_family(VoiceFamily(name="fake", load=_never_here))
+
+
+async def test_a_front_end_serves_local_and_worker_voices_together(
+        tmp_path: Path, fake_family: VoiceFamily) -> None:
+    """Piper in the front end, the GPU family's voices through the worker
+    (their family's loader never runs here), the default first."""
+    async with rig(tmp_path, [FakeVoice("fake:a"), FakeVoice("fake:b")]) as (r, _, _):
+        cfg = load_config(env={}, flags={"voice.default": "fake:a",
+                                         "voice.extra": "piper:en_US-joe-medium",
+                                         "gpu.families": "fake", "gpu.endpoint": r.endpoint})
+        voices = await load_server_voices(cfg, progress=lambda msg: None)
+        try:
+            assert voices.default == "fake:a"
+            assert list(voices.voices) == ["fake:a", "piper:en_US-joe-medium", "fake:b"]
+            assert isinstance(voices.voices["fake:b"], RemoteVoice)
+            assert not isinstance(voices.voices["piper:en_US-joe-medium"], RemoteVoice)
+            got = [c async for c in voices.voices["fake:b"].synthesize(request("r1"))]
+            assert len(got) == 5
+        finally:
+            await voices.close()
+
+
+def test_specs_split_between_the_front_end_and_the_worker() -> None:
+    cfg = load_config(env={}, flags={"voice.default": "chattts:alice",
+                                     "voice.extra": "piper:en_US-joe-medium,orpheus:tara",
+                                     "gpu.endpoint": "ipc:///nowhere"})
+    local, remote = split_specs(cfg)
+    assert local == ["piper:en_US-joe-medium"]
+    assert remote == ["chattts:alice", "orpheus:tara"]
+    assert capacity_of(cfg, "chattts") == 64  # chattts.slots
+    assert capacity_of(cfg, "orpheus") == 256  # orpheus.max_num_seqs
+
+
+def test_front_end_imports_no_torch() -> None:
+    """The serving path of a front end (server, remote voices, config) in a
+    fresh interpreter leaves torch and vLLM out of ``sys.modules``."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from rtserver.config import load_config\n"
+            "import rtserver.cli, rtserver.server.app, rtserver.worker.remote\n"
+            "import rtserver.worker.placement as r\n"
+            "cfg = load_config(env={}, flags={'voice.default': 'chattts:alice', "
+            "'gpu.endpoint': 'ipc:///nowhere'})\n"
+            "print(r.split_specs(cfg))\n"
+            "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
+            "sys.exit(f'imported {bad}' if bad else 0)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+
+
