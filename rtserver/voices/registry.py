@@ -30,6 +30,14 @@ from rtserver.voices.base import Voice
 
 ENTRY_POINT_GROUP = "rtserver.voices"
 BUILTIN_DISTRIBUTION = "rtserver"  # its families are listed first
+# rtserver's own entry points (pyproject.toml; tests/unit/test_house_plan.py
+# checks they are the same), read from here only when rtserver runs from a
+# source tree that was never installed (PYTHONPATH=.), which has no metadata.
+BUILTIN_ENTRY_POINTS = {
+    "piper": "rtserver.voices.piper.family:FAMILY",
+    "orpheus": "rtserver.voices.orpheus.family:FAMILY",
+    "chattts": "rtserver.voices.chattts.family:FAMILY",
+}
 _NAME = re.compile(r"[a-z][a-z0-9]*\Z")  # no "_": RTSERVER_<FAMILY>_<FIELD> must split
 
 
@@ -115,6 +123,9 @@ def _discover() -> None:
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     ordered = sorted(eps, key=lambda ep: (ep.dist is None
                                           or ep.dist.name != BUILTIN_DISTRIBUTION))
+    if not any(ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION for ep in eps):
+        ordered[:0] = [importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP)
+                       for name, value in BUILTIN_ENTRY_POINTS.items()]
     for ep in ordered:
         family = ep.load()
         if not isinstance(family, VoiceFamily):

@@ -8,6 +8,11 @@ import importlib.metadata
 import tomllib
 from pathlib import Path
 
+import pytest
+
+from rtserver.voices import registry
+from rtserver.voices.registry import BUILTIN_ENTRY_POINTS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rtserver"
 RESULTS_LIMIT = 4 * 1024 * 1024  # issue 23: tracked results <= 4 MiB
@@ -45,6 +50,20 @@ def test_rtservers_families_are_entry_points() -> None:
             and ep.dist.name == "rtserver"}
     assert ours == {name: f"rtserver.voices.{name}.family:FAMILY"
                     for name in ("piper", "orpheus", "chattts")}
+    # what a source tree that was never installed falls back on: the same
+    assert BUILTIN_ENTRY_POINTS == ours
+
+
+def test_a_source_tree_never_installed_still_finds_the_families(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PYTHONPATH=<checkout> without pip install (the GPU hosts' runs) has no
+    distribution metadata: the registry falls back on the same three."""
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: importlib.metadata.EntryPoints(()))
+    monkeypatch.setattr(registry, "_FAMILIES", {})
+    monkeypatch.setattr(registry, "_RANK", {})
+    monkeypatch.setattr(registry, "_discovered", False)
+    assert list(registry.families()) == ["piper", "orpheus", "chattts"]
 
 
 def test_tracked_results_stay_within_4_mib() -> None:
