@@ -93,6 +93,9 @@ def test_bad_speaker_string_fails_start_with_its_reason(tmp_path: Path) -> None:
     cause = exc.value.__cause__
     assert cause is not None and "bob" in str(cause), repr(cause)
     assert getattr(cause, "code", None) == "unknown_voice"
+    # start() returned once the thread had ended: its loop is closed, and stop()
+    # is a clean no-op (it used to post to that closed loop when the thread won)
+    srv.stop()
     srv.stop()
 
 
