@@ -5,6 +5,7 @@ trickle reader beside a normal one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from websockets.asyncio.client import connect
 from rtserver.bench.server_proc import SpawnedServer, free_port, http_get, rtserver_command, spawn
 from rtserver.bench.soak import proc_stats
 from rtserver.client import RtClient
+from rtserver.testing.wait import scaled, wait_until_async
 
 pytestmark = pytest.mark.slow
 
@@ -40,17 +42,63 @@ def metric(server: SpawnedServer, name: str) -> float:
     return float(m.group(1)) if m else -1.0
 
 
+def port_of(server: SpawnedServer) -> int:
+    return int(server.url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def held_peers(pid: int, port: int) -> set[int]:
+    """Client ports of the TCP connections to ``port`` that process ``pid``
+    holds a descriptor of (its sockets in /proc/PID/fd, matched by inode
+    against the kernel's TCP table; the listener is left out)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed while we looked
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(int(link[len("socket:["):-1]))
+    peers = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], int(fields[9])
+            if int(local.rsplit(":", 1)[1], 16) == port and state != "0A" and inode in inodes:
+                peers.add(int(remote.rsplit(":", 1)[1], 16))
+    return peers
+
+
+async def quiet_stats(server: SpawnedServer, what: str) -> tuple[float, int]:
+    """(RSS MB, open fds) once the server counts no connection and no context
+    and holds no socket of one (an HTTP probe's included): a baseline that
+    does not depend on how far it got in closing the last one."""
+    await wait_until_async(
+        lambda: metric(server, "rtserver_active_connections") == 0
+        and metric(server, "rtserver_active_contexts") == 0, f"{what}: no connection counted")
+    # the probe just made is itself a connection the server closes after answering
+    await wait_until_async(lambda: not held_peers(server.pid, port_of(server)),
+                           f"{what}: no connection held")
+    rss, fds, _ = proc_stats(server.pid)
+    return rss, fds
+
+
 async def test_idle_connections_cost_at_most_64_kib(proc: SpawnedServer) -> None:
-    rss0, fds0, _ = proc_stats(proc.pid)
+    # one connection first: what the first one costs once (imports, pools) is
+    # not a cost per connection
+    async with connect(proc.url, compression=None) as ws:
+        await ws.recv()
+    rss0, _ = await quiet_stats(proc, "baseline")
     conns = []
     for _ in range(300):
         ws = await connect(proc.url, compression=None)
         await ws.recv()  # ready
         conns.append(ws)
-    await asyncio.sleep(1.0)
-    rss1, fds1, _ = proc_stats(proc.pid)
+    # the server's own count of open connections, then its descriptors
+    await wait_until_async(lambda: metric(proc, "rtserver_active_connections") == 300,
+                           "the server counts 300 connections")
+    rss1, _, _ = proc_stats(proc.pid)
+    held = held_peers(proc.pid, port_of(proc))
+    ports = {ws.local_address[1] for ws in conns}
+    assert len(ports & held) == 300, f"{len(ports & held)} of 300 held by the server"
     per_kib = (rss1 - rss0) * 1024 / 300
-    assert fds1 - fds0 >= 300
     assert per_kib <= 64, f"{per_kib:.1f} KiB per idle connection"
     for ws in conns:
         await ws.close()
@@ -59,8 +107,7 @@ async def test_idle_connections_cost_at_most_64_kib(proc: SpawnedServer) -> None
 async def test_300_abrupt_disconnects_mid_audio_leave_nothing(proc: SpawnedServer) -> None:
     async with RtClient.connect(proc.url) as warm:  # warm the voice and the pools
         assert (await warm.say("Warm up first.")).ok
-    await asyncio.sleep(0.5)
-    rss0, fds0, _ = proc_stats(proc.pid)
+    rss0, fds0 = await quiet_stats(proc, "baseline")
 
     async def drop() -> None:
         ws = await connect(proc.url, compression=None)
@@ -70,21 +117,14 @@ async def test_300_abrupt_disconnects_mid_audio_leave_nothing(proc: SpawnedServe
                                   "Hello there, this reply is cut off in the middle of its "
                                   "audio by a client that simply goes away."}))
         await ws.send(json.dumps({"type": "end", "context": "x"}))
-        while not isinstance(await asyncio.wait_for(ws.recv(), 60), bytes):
+        while not isinstance(await asyncio.wait_for(ws.recv(), scaled(60)), bytes):
             pass  # mid-audio: its first frame is here
         ws.transport.abort()
 
     for _ in range(30):
         await asyncio.gather(*(drop() for _ in range(10)))
-    for _ in range(100):  # the server notices the resets within moments
-        if metric(proc, "rtserver_active_contexts") == 0 \
-                and metric(proc, "rtserver_active_connections") == 0:
-            break
-        await asyncio.sleep(0.2)
-    assert metric(proc, "rtserver_active_contexts") == 0
-    assert metric(proc, "rtserver_active_connections") == 0
-    await asyncio.sleep(1.0)
-    rss1, fds1, _ = proc_stats(proc.pid)
+    # the server notices the resets, ends the contexts and closes the sockets
+    rss1, fds1 = await quiet_stats(proc, "after 300 resets")
     assert fds1 <= fds0 + 2, (fds0, fds1)
     assert rss1 - rss0 < 40, f"RSS {rss0:.0f} -> {rss1:.0f} MB"
 
@@ -107,7 +147,8 @@ async def _ttfa_ms(url: str, n: int) -> float:
 # client's own event loop, not the server), at the lowest priority (an
 # attacker's CPU is not the server's on a real network; on this 2-core box it
 # would be): sends invalid messages as fast as it can, reads one message every
-# argv[2] seconds (never when 0), prints its close code.
+# argv[2] seconds (never when 0); prints "flooding" once connected, then its
+# close code.
 FLOOD = """
 import asyncio, os, sys, time
 os.nice(19)
@@ -116,6 +157,7 @@ from websockets.exceptions import ConnectionClosed
 async def main(url, read_every):
     async with connect(url, compression=None, max_queue=1) as ws:
         await ws.recv()
+        print("flooding", flush=True)
         last = time.monotonic()
         try:
             for _ in range(400_000):
@@ -142,11 +184,16 @@ async def test_a_flood_and_a_trickle_reader_do_not_starve_a_normal_client(
     flooders = [await asyncio.create_subprocess_exec(
         sys.executable, "-c", FLOOD, proc.url, every, stdout=asyncio.subprocess.PIPE)
         for every in ("0", "1.0")]
-    await asyncio.sleep(0.5)
+    for f in flooders:  # both are connected and flooding
+        assert f.stdout is not None
+        assert await asyncio.wait_for(f.stdout.readline(), scaled(60)) == b"flooding\n"
     during = await _ttfa_ms(proc.url, 7)
-    outs = [await asyncio.wait_for(f.communicate(), 90) for f in flooders]
+    outs = [await asyncio.wait_for(f.communicate(), scaled(90)) for f in flooders]
     closed = [out.decode().strip() for out, _ in outs]
     rss1, _, _ = proc_stats(proc.pid)
-    assert during <= 2 * max(baseline, 30.0), (baseline, during)
+    # not starved: within 250 ms of the baseline (or twice it), scaled; the
+    # baseline alone moves between 40 and 145 ms with the 2-core box's other load
+    limit = scaled(max(2 * baseline, baseline + 250.0))
+    assert during <= limit, f"TTFA {baseline:.0f} ms alone, {during:.0f} ms in the flood"
     assert all(code in ("1008", "1006") for code in closed), closed
     assert rss1 - rss0 < 30, f"RSS {rss0:.0f} -> {rss1:.0f} MB"
