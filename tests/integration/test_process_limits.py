@@ -5,7 +5,6 @@ trickle reader beside a normal one."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from websockets.asyncio.client import connect
 from rtserver.bench.server_proc import SpawnedServer, free_port, http_get, rtserver_command, spawn
 from rtserver.bench.soak import proc_stats
 from rtserver.client import RtClient
+from rtserver.testing.procnet import held_peers
 from rtserver.testing.wait import scaled, wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -44,26 +44,6 @@ def metric(server: SpawnedServer, name: str) -> float:
 
 def port_of(server: SpawnedServer) -> int:
     return int(server.url.rsplit(":", 1)[1].split("/", 1)[0])
-
-
-def held_peers(pid: int, port: int) -> set[int]:
-    """Client ports of the TCP connections to ``port`` that process ``pid``
-    holds a descriptor of (its sockets in /proc/PID/fd, matched by inode
-    against the kernel's TCP table; the listener is left out)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(FileNotFoundError):  # closed while we looked
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if link.startswith("socket:["):
-                inodes.add(int(link[len("socket:["):-1]))
-    peers = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], int(fields[9])
-            if int(local.rsplit(":", 1)[1], 16) == port and state != "0A" and inode in inodes:
-                peers.add(int(remote.rsplit(":", 1)[1], 16))
-    return peers
 
 
 async def quiet_stats(server: SpawnedServer, what: str) -> tuple[float, int]:
