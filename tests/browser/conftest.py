@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from rtserver.testing.wait import wait_until
 
 from .cdp import Page, chromium_page, find_chromium
 
@@ -78,15 +79,14 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     http = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _ready(http):
-            if proc.poll() is not None:
-                raise RuntimeError(f"rtserver exited with {proc.returncode}:\n"
-                                   f"{log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rtserver not ready after {READY_TIMEOUT_S} s:\n"
-                                   f"{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: _ready(http) or proc.poll() is not None, "rtserver is ready",
+                       READY_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}:\n{log.read_text()[-3000:]}") from None
+        if proc.poll() is not None:
+            raise RuntimeError(f"rtserver exited with {proc.returncode}:\n"
+                               f"{log.read_text()[-3000:]}")
         yield DemoServer(http=http, token=token, log=log)
     finally:
         if proc.poll() is None:

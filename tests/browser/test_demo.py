@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 import pytest
 
+from rtserver.testing.wait import scaled
+
 from .cdp import Page
 from .conftest import DemoServer
 
@@ -32,7 +34,7 @@ def wait_finished(page: Page, timeout: float = TURN_TIMEOUT_S, context: str | No
     cond = f"window.rtDemo && {json.dumps(FINISHED)}.includes(rtDemo.stats.state)"
     if context is not None:
         cond += f" && rtDemo.stats.context === {json.dumps(context)}"
-    page.wait_for(cond, timeout)
+    page.wait_for(cond, scaled(timeout))
     stats: dict[str, Any] = page.evaluate("rtDemo.stats")
     return stats
 
@@ -175,7 +177,8 @@ def test_fallbacks_play_everything(demo_server: DemoServer, page: Page, query: s
 
 def test_without_token_the_handshake_is_refused(demo_server: DemoServer, page: Page) -> None:
     page.navigate(f"{demo_server.http}/")
-    page.wait_for("document.getElementById('conn').textContent.startsWith('disconnected')", 30)
+    page.wait_for("document.getElementById('conn').textContent.startsWith('disconnected')",
+                  scaled(30))
     assert page.evaluate("rtDemo.ready") is None
 
 
@@ -234,7 +237,7 @@ RING_SCENARIO = """
 def test_ring_player_logic(demo_server: DemoServer, page: Page) -> None:
     """worklet.js's ring buffer, quantum by quantum, in the browser it runs in."""
     page.navigate(f"{demo_server.http}/worklet.js")  # same origin, no demo running
-    page.wait_for("document.readyState === 'complete'", 30)
+    page.wait_for("document.readyState === 'complete'", scaled(30))
     r = page.evaluate(RING_SCENARIO)
     assert r["waits"]  # below the prebuffer target: silence
     assert r["playedBeforeDry"] == 768

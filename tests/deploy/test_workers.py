@@ -32,6 +32,8 @@ from rtserver.server.workers import (
     plan_workers,
     visible_gpus,
 )
+from rtserver.testing.procnet import listens
+from rtserver.testing.wait import scaled, wait_until_async
 from tests.deploy.util import free_port, scrape
 
 WORKER = re.compile(r"worker (\d+) of (\d+), pid (\d+)(?:, gpu (\S+?)\))?")
@@ -258,7 +260,7 @@ class Supervised:
 
     def wait_for(self, pattern: str, timeout: float = 120.0, after: int = 0) -> re.Match[str]:
         rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         with self._new:
             while True:
                 for line in self.lines[after:]:
@@ -358,6 +360,10 @@ async def test_two_processes_share_the_port_and_drain_one_by_one(
     mark = len(supervised.lines)
     os.kill(victim, signal.SIGTERM)
     supervised.wait_for(r"rtserver\[\d\]: draining", timeout=30, after=mark)
+    # it prints that line just before it stops listening: a connection made in
+    # between could still be queued on its listener, and be reset with it
+    await wait_until_async(lambda: not listens(victim, supervised.port),
+                           "the draining process no longer listens")
     # the other process takes every new connection meanwhile, and serves it
     others = set()
     for _ in range(4):

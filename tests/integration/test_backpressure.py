@@ -12,6 +12,9 @@ from websockets.exceptions import ConnectionClosed
 from rtserver.client import RtClient
 from rtserver.protocol.messages import Done, ErrorMessage, parse_server_message
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import scaled, wait_until_async
+
+from .util import metric
 
 LONG = " ".join(["A stalled listener must not slow anyone else down at all."] * 20)
 
@@ -36,11 +39,15 @@ async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> Non
             async with RtClient.connect(srv.url) as other:
                 result = await other.say("Everyone else is served as usual.")
             assert result.ok
-            await asyncio.sleep(1.5)  # past overload_after_s while not reading
+            # not reading until the server has given up on it (overload_after_s
+            # of a send that does not move), by its own count
+            await wait_until_async(
+                lambda: metric(srv, "rtserver_errors_total", code="overloaded") >= 1,
+                "the server finds the stalled reader overloaded")
             codes: list[str] = []
             try:
                 while True:
-                    msg = await asyncio.wait_for(stalled.recv(), 10)
+                    msg = await asyncio.wait_for(stalled.recv(), scaled(10))
                     if isinstance(msg, str):
                         message = parse_server_message(msg)
                         if isinstance(message, ErrorMessage):

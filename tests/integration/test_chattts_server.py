@@ -18,6 +18,7 @@ pytest.importorskip("pybase16384")
 
 from rtserver.client import AudioFrames, RtClient, ServerError
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import wait_until_async
 from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.chattts.speaker import encode_speaker
 
@@ -41,7 +42,8 @@ def chattts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerT
     srv = ServerThread.with_settings(
         server={"max_contexts": 4},
         voice={"default": "chattts:alice", "extra": "chattts:seed_1"},
-        chattts={"asset_dir": str(root), "device": "cpu", "slots": 2, "max_len": 256,
+        chattts={"asset_dir": str(root), "device": "cpu", "slots": 2,
+                 "max_len": 1024,  # room for test_cancel_frees_the_slot's long segment
                  "voices_file": str(voices), "seeds": "1,3", "ignore_eos": True,
                  "budget_base_s": BASE_S, "budget_s_per_char": PER_CHAR_S,
                  "warm_up_steps": 2},
@@ -80,6 +82,11 @@ def slots_in_use(server: ServerThread) -> int:
     return int(server.call(lambda: engine.slots_in_use()))  # type: ignore[attr-defined]
 
 
+def aborted_total(server: ServerThread) -> int:
+    engine = _engine(server)
+    return int(server.call(lambda: engine.stats().aborted_total))  # type: ignore[attr-defined]
+
+
 # first in the file: the module's server (one ChatTTS engine per process) is not up yet
 def test_bad_speaker_string_fails_start_with_its_reason(tmp_path: Path) -> None:
     write_tiny_chattts(tmp_path, decoder=False)
@@ -93,6 +100,9 @@ def test_bad_speaker_string_fails_start_with_its_reason(tmp_path: Path) -> None:
     cause = exc.value.__cause__
     assert cause is not None and "bob" in str(cause), repr(cause)
     assert getattr(cause, "code", None) == "unknown_voice"
+    # start() returned once the thread had ended: its loop is closed, and stop()
+    # is a clean no-op (it used to post to that closed loop when the thread won)
+    srv.stop()
     srv.stop()
 
 
@@ -138,21 +148,23 @@ async def test_two_contexts_at_once(chattts_server: ServerThread) -> None:
 
 
 async def test_cancel_frees_the_slot(chattts_server: ServerThread) -> None:
-    long_text = "This is a much longer sentence that would take many steps to speak aloud."
+    # Chinese: 0.6 s of budget per character (budget_s_per_cjk), so the first
+    # segment (12 characters) runs ~350 steps, 1.6-2.4 s on the 2-core box after
+    # its first frame: still generating when the test looks. An English one
+    # of the module's budgets was done ~0.1 s after its first frame.
     async with RtClient.connect(chattts_server.url) as client:
         ctx = await client.start(format="pcm_s16le", sample_rate=24000)
-        await ctx.send_text(long_text)
+        await ctx.send_text("今天天气很好我们一起去公园散步吧然后回家吃饭")
         await ctx.end()
         async for event in ctx.events():
             if isinstance(event, AudioFrames):
                 break
         assert slots_in_use(chattts_server) == 1
+        aborted = aborted_total(chattts_server)
         await ctx.cancel()
-        for _ in range(200):
-            if slots_in_use(chattts_server) == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert slots_in_use(chattts_server) == 0
+        await wait_until_async(lambda: slots_in_use(chattts_server) == 0,
+                               "the cancelled context's slot is free")
+        assert aborted_total(chattts_server) == aborted + 1  # by the cancel, not its end
         # the connection goes on: another context speaks
         ctx2 = await client.start(format="pcm_s16le", sample_rate=24000)
         await ctx2.send_text("Hi.")

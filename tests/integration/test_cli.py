@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import wave
@@ -21,6 +19,7 @@ import pytest
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import scaled, wait_until, wait_until_async
 
 
 def free_port() -> int:
@@ -71,11 +70,9 @@ def served() -> Iterator[tuple[subprocess.Popen[str], int]]:
     proc = subprocess.Popen([sys.executable, "-m", "rtserver", "serve", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while status(f"http://127.0.0.1:{port}/ready") != 200:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, "server never became ready"
-        time.sleep(0.2)
+    wait_until(lambda: status(f"http://127.0.0.1:{port}/ready") == 200
+               or proc.poll() is not None, "the server is ready", 120)
+    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     yield proc, port
     if proc.poll() is None:
         proc.kill()
@@ -91,19 +88,18 @@ async def test_sigterm_drains_open_contexts_then_closes_1001(
         async for event in ctx.events():
             if isinstance(event, AudioFrames):
                 break
+        # the context stays open (no end yet): the drain waits for it
         proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.3)
-        assert status(f"http://127.0.0.1:{port}/ready") == 503  # out of the load balancer
+        ready = f"http://127.0.0.1:{port}/ready"
+        await wait_until_async(lambda: status(ready) != 200, "/ready no longer 200 after SIGTERM")
+        assert status(ready) == 503  # out of the load balancer
         await ctx.send_text("and it still finishes speaking.")
         await ctx.end()
         result = await ctx.collect()
         assert result.ok, (result.error, result.failure)
-        for _ in range(100):
-            if client.closed:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until_async(lambda: client.closed, "the server closes the connection")
         assert client.close_code == 1001
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=scaled(30)) == 0
 
 
 def test_say_speaks_through_a_running_server(tmp_path: Path, server: ServerThread) -> None:

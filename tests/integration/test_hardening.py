@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from rtserver.client import HandshakeRejected, RtClient
 from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, Started
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import scaled, wait_until_async
 
 from .fault_voice import LEDGER
 from .util import http, metric, recv_message, until
@@ -27,14 +28,27 @@ async def send(ws: ClientConnection, **body: Any) -> None:
     await ws.send(json.dumps(body))
 
 
-@pytest.fixture(scope="module")
-def faulty() -> Any:
-    srv = ServerThread.with_settings(
+def faulty_server() -> ServerThread:
+    return ServerThread.with_settings(
         server={"max_contexts": 8},
         voice={"extra": FAULTY},
         admission={"breaker_failures": 2, "breaker_cooldown_s": 30.0,
                    "breaker_max_cooldown_s": 60.0,
                    "first_heard_target_ms": 0}).start()  # the test voices' rates are odd
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Any:
+    srv = faulty_server()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def broken() -> Any:
+    """A server of its own for a test that opens a breaker or kills an engine:
+    that state outlives the test (and would meet its own repeat, --count)."""
+    srv = faulty_server()
     yield srv
     srv.stop()
 
@@ -93,8 +107,8 @@ async def test_admission_refuses_when_first_heard_audio_would_miss_the_target() 
 # --- faults, the breaker, engine death ------------------------------------------------
 
 async def test_a_voice_fault_fails_only_its_context_and_opens_the_breaker(
-        faulty: ServerThread) -> None:
-    async with connect(faulty.url, compression=None) as ws:
+        broken: ServerThread) -> None:
+    async with connect(broken.url, compression=None) as ws:
         await recv_message(ws)
         await send(ws, type="start", context="good", voice="faulty:ok")
         await send(ws, type="text", context="good", text="Speak a while please.")
@@ -109,9 +123,9 @@ async def test_a_voice_fault_fails_only_its_context_and_opens_the_breaker(
         err = await until(ws, (ErrorMessage, Started))
         assert isinstance(err, ErrorMessage) and err.code == "engine_failed"
         assert 0 < err.retry_after_ms <= 30_000
-        assert metric(faulty, "rtserver_engine_up", voice="faulty:die") == 0
-        assert metric(faulty, "rtserver_engine_up", voice="faulty:ok") == 1
-        assert http(faulty.http + "/ready")[0] == 503
+        assert metric(broken, "rtserver_engine_up", voice="faulty:die") == 0
+        assert metric(broken, "rtserver_engine_up", voice="faulty:ok") == 1
+        assert http(broken.http + "/ready")[0] == 503
         # the good context on the same connection was never touched
         await send(ws, type="end", context="good")
         done = await until(ws, (Done, ErrorMessage), context="good")
@@ -119,8 +133,8 @@ async def test_a_voice_fault_fails_only_its_context_and_opens_the_breaker(
 
 
 async def test_an_engine_that_dies_fails_its_contexts_and_ready_goes_503(
-        faulty: ServerThread) -> None:
-    async with connect(faulty.url, compression=None) as ws:
+        broken: ServerThread) -> None:
+    async with connect(broken.url, compression=None) as ws:
         await recv_message(ws)
         await send(ws, type="start", context="ok", voice="faulty:ok")
         await send(ws, type="start", context="dies", voice="faulty:dead")
@@ -131,8 +145,8 @@ async def test_an_engine_that_dies_fails_its_contexts_and_ready_goes_503(
         await send(ws, type="start", context="again", voice="faulty:dead")
         err = await until(ws, ErrorMessage)
         assert err.code == "engine_failed" and "down" in err.message
-        assert metric(faulty, "rtserver_engine_up", voice="faulty:dead") == 0
-        assert http(faulty.http + "/ready")[0] == 503
+        assert metric(broken, "rtserver_engine_up", voice="faulty:dead") == 0
+        assert http(broken.http + "/ready")[0] == 503
         await send(ws, type="text", context="ok", text="Still here.")
         await send(ws, type="end", context="ok")
         done = await until(ws, (Done, ErrorMessage), context="ok")
@@ -167,14 +181,11 @@ async def test_abrupt_disconnects_leave_nothing_behind(faulty: ServerThread) -> 
         while not isinstance(await asyncio.wait_for(ws.recv(), 10), bytes):
             pass
         ws.transport.abort()  # no close frame: a TCP reset
-    for _ in range(100):
-        if faulty.call(lambda: LEDGER.open) == 0 and \
-                metric(faulty, "rtserver_active_contexts") == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert faulty.call(lambda: LEDGER.open) == 0
-    assert metric(faulty, "rtserver_active_contexts") == 0
-    assert metric(faulty, "rtserver_active_connections") == 0
+    # the server notices the resets: every voice generator closed, nothing counted
+    await wait_until_async(lambda: faulty.call(lambda: LEDGER.open) == 0
+                           and metric(faulty, "rtserver_active_contexts") == 0
+                           and metric(faulty, "rtserver_active_connections") == 0,
+                           "the 20 dropped connections are gone from the server")
 
 
 # --- connection limits ----------------------------------------------------------------
@@ -223,21 +234,24 @@ async def test_drain_refuses_starts_finishes_contexts_and_closes_1001() -> None:
             await recv_message(ws)
             await send(ws, type="start", context="a", voice="faulty:ok")
             await send(ws, type="text", context="a", text="Finish me during the drain.")
-            await send(ws, type="end", context="a")
             assert (await until(ws, Started)).context == "a"
             assert srv.server is not None
-            srv.call(lambda: asyncio.ensure_future(srv.server.drain()))  # type: ignore[union-attr]
-            await asyncio.sleep(0.1)
+            # "a" stays open (no end yet): the drain cannot finish before "b" is refused
+            draining = srv.submit(srv.server.drain())
+            await wait_until_async(lambda: http(srv.http + "/ready")[0] != 200,
+                                   "/ready no longer 200 once draining")
             assert http(srv.http + "/ready")[0] == 503
             await send(ws, type="start", context="b", voice="faulty:ok")
             err = await until(ws, ErrorMessage)
             assert err.code == "overloaded" and err.context == "b"
+            await send(ws, type="end", context="a")
             done = await until(ws, Done)
             assert done.context == "a" and done.frames > 0
             with pytest.raises(ConnectionClosed):
                 while True:
-                    await asyncio.wait_for(ws.recv(), 10)
+                    await asyncio.wait_for(ws.recv(), scaled(10))
             assert ws.close_code == 1001
+        await asyncio.wrap_future(draining)
         with pytest.raises((HandshakeRejected, OSError, InvalidStatus)):
             async with connect(srv.url, compression=None, open_timeout=2):
                 pass

@@ -14,6 +14,7 @@ from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from rtserver_livekit import TTS
 
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import scaled, wait_until_async
 
 LONG = ("Here is a long answer that keeps going for quite a while, so that there is "
         "time to interrupt it. It has several sentences. Each one adds a few more "
@@ -71,7 +72,7 @@ async def test_say_streams_audio_frames(server: ServerThread) -> None:
     session, speaker = await session_with(server)
     try:
         handle = session.say("Hello from rtserver. This is a LiveKit agent.")
-        await asyncio.wait_for(handle.wait_for_playout(), 30)
+        await asyncio.wait_for(handle.wait_for_playout(), scaled(30))
     finally:
         await session.aclose()
     assert speaker.frames
@@ -84,15 +85,16 @@ async def test_an_interruption_cancels_the_context(server: ServerThread) -> None
     session, speaker = await session_with(server)
     try:
         handle = session.say(LONG)
-        await asyncio.wait_for(speaker.first.wait(), 30)
+        await asyncio.wait_for(speaker.first.wait(), scaled(30))
         handle.interrupt()
-        await asyncio.wait_for(handle.wait_for_playout(), 10)
-        await asyncio.sleep(1.0)
-        n = len(speaker.frames)
-        await asyncio.sleep(1.0)
-        assert len(speaker.frames) == n
+        await asyncio.wait_for(handle.wait_for_playout(), scaled(10))
+        n = len(speaker.frames)  # what was played until the interruption took effect
+        await wait_until_async(lambda: cancelled_count(server) == before + 1,
+                               "the server cancels the interrupted speech's context")
     finally:
         await session.aclose()
+    # the session is closed: every frame it was going to play is here
+    assert len(speaker.frames) == n, "audio played after the interruption"
     assert speaker.seconds < 20  # the whole reply is ~50 s of speech
     assert cancelled_count(server) == before + 1
 

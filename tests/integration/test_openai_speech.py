@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import socket
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from rtserver.testing.server_thread import ServerThread  # noqa: E402
+from rtserver.testing.wait import scaled, wait_until  # noqa: E402
 
 TEXT = "Hello there. This answer comes from rtserver's speech API."
 
@@ -87,9 +89,13 @@ def test_speed_changes_the_length(server: ServerThread) -> None:
     assert fast == pytest.approx(normal / 2, rel=0.1)
 
 
+_greetings = itertools.count(3)
+
+
 def test_a_repeat_answers_from_the_phrase_cache(server: ServerThread) -> None:
     client = client_for(server)
-    text = "A greeting that is said again and again."
+    # a phrase of its own: a repeat of the test (--count) must not find it cached
+    text = f"A greeting that is said again and again, {next(_greetings)} times."
     hits = metric(server, "rtserver_phrase_cache_hits_total")
 
     def say(fmt: str) -> bytes:
@@ -161,16 +167,14 @@ def test_a_client_that_leaves_stops_the_speech(server: ServerThread) -> None:
     with client.audio.speech.with_streaming_response.create(
             model="tts-1", voice="default", input=TEXT * 20, response_format="pcm") as response:
         next(response.iter_bytes())
-    import time
-    deadline = time.monotonic() + 10
-    while metric(server, 'rtserver_contexts_total{outcome="cancelled"}') == cancelled:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: metric(server, 'rtserver_contexts_total{outcome="cancelled"}')
+               > cancelled, "the server cancels the speech of a client that left")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def keyed() -> Iterator[ServerThread]:
-    # small send buffers, so a client that does not read holds its request open
+    # small send buffers, so a client that does not read holds its request open; a
+    # server per test: the test spends its per-minute budget (a repeat would find none)
     srv = ServerThread.with_settings(server={"api_keys": "k1", "max_contexts": 1,
                                              "socket_send_buffer": 16384},
                                      admission={"contexts_per_minute": 2}).start()
@@ -206,9 +210,11 @@ def test_api_keys_401_too_many_at_once_and_rate_limited_429(keyed: ServerThread)
         assert int(headers["retry-after"]) >= 1
     finally:
         held.close()
-    # the server learns that the held client left a moment after it does: wait for it
-    assert len(until_not_busy(lambda: client.audio.speech.create(
-        model="tts-1", voice="default", input="Fine again.").read())) > 1000  # 2 of 2
+    # the server learns that the held client left a moment after it does: wait
+    # until it has ended that response (its own count, which a drain waits on)
+    wait_until(lambda: speech_in_flight(keyed) == 0, "the held request is let go")
+    assert len(client.audio.speech.create(
+        model="tts-1", voice="default", input="Fine again.").read()) > 1000  # 2 of 2
     # a response read to its end has freed its slot: the next request at once is
     # refused for its rate, never as too many at once
     status, err, headers = status_and_error(lambda: client.audio.speech.create(
@@ -217,19 +223,11 @@ def test_api_keys_401_too_many_at_once_and_rate_limited_429(keyed: ServerThread)
     assert int(headers["retry-after"]) >= 1
 
 
-def until_not_busy(fn):  # type: ignore[no-untyped-def]
-    """``fn()``, again while the answer is 429 too_many_contexts (for up to 10 s)."""
-    import time
-
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return fn()
-        except openai.APIStatusError as exc:
-            if exc.response.json()["error"]["code"] != "too_many_contexts" \
-                    or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+def speech_in_flight(srv: ServerThread) -> int:
+    """Speech responses the server has not ended (``SpeechApi.in_flight``; a
+    response's client slot is freed before it ends)."""
+    assert srv.server is not None
+    return srv.call(lambda: srv.server._speech.in_flight)  # type: ignore[union-attr]
 
 
 def test_a_phrase_too_long_for_the_cache_is_spoken_each_time() -> None:
@@ -253,25 +251,26 @@ def test_a_phrase_too_long_for_the_cache_is_spoken_each_time() -> None:
 def test_a_drain_lets_a_speech_response_finish() -> None:
     """A client that reads slower than real time keeps its response open past
     uvicorn's 5 s shutdown grace; the drain waits for it (drain_timeout_s)."""
-    import asyncio
     import time
 
     srv = ServerThread.with_settings(server={"socket_send_buffer": 16384,
                                              "drain_timeout_s": 60}).start()
     try:
         sock = hold_a_request(srv, "")  # ~14 s of 24 kHz PCM, read nothing yet
-        assert srv._loop is not None and srv.server is not None
-        future = asyncio.run_coroutine_threadsafe(srv.server.drain(), srv._loop)
+        assert srv.server is not None
+        future = srv.submit(srv.server.drain())
         data = b""
         t0 = time.monotonic()
-        while chunk := sock.recv(8192):
+        while chunk := sock.recv(4096):
             data += chunk
-            time.sleep(0.05)  # ~160 kB/s of reading
+            # a slow reader, 80 kB/s whatever recv returns: over 10 s of speech
+            # (480 kB; it is ~880 kB) takes over 6 s, past uvicorn's 5 s grace
+            time.sleep(max(0.0, t0 + len(data) / 80_000 - time.monotonic()))
         took = time.monotonic() - t0
         sock.close()
         assert data.endswith(b"0\r\n\r\n")  # the whole chunked body, then its end
         assert len(data) > 10 * 48000  # over 10 s of speech
         assert took > 5.5  # it was open longer than uvicorn's own grace
-        future.result(30)
+        future.result(scaled(30))
     finally:
         srv.stop()

@@ -27,6 +27,7 @@ from pipecat.workers.runner import WorkerRunner
 from rtserver_pipecat import RtserverTTSService
 
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import scaled, wait_until_async
 
 LONG = ("Here is a long answer that keeps going for quite a while, so that there is "
         "time to interrupt it. It has several sentences. Each one adds a few more "
@@ -39,6 +40,8 @@ class Collect(FrameProcessor):
         self.frames: list[Frame] = []
         self.first_audio = asyncio.Event()
         self.stopped = asyncio.Event()
+        self.interrupted = asyncio.Event()
+        self.interrupted_by: Frame | None = None
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -47,10 +50,16 @@ class Collect(FrameProcessor):
             self.first_audio.set()
         if isinstance(frame, TTSStoppedFrame):
             self.stopped.set()
+        if isinstance(frame, InterruptionFrame) and self.interrupted_by is None:
+            self.interrupted_by = frame
+            self.interrupted.set()
         await self.push_frame(frame, direction)
 
     def audio(self) -> list[TTSAudioRawFrame]:
         return [f for f in self.frames if isinstance(f, TTSAudioRawFrame)]
+
+    def words(self) -> list[str]:
+        return [f.text for f in self.frames if isinstance(f, TTSTextFrame)]
 
 
 @contextlib.asynccontextmanager
@@ -67,7 +76,7 @@ async def pipeline(server: ServerThread, rate: int = 24000):
         yield task, sink
     finally:
         await task.queue_frame(EndFrame())
-        await asyncio.wait_for(run, 30)
+        await asyncio.wait_for(run, scaled(30))
 
 
 async def say(task: PipelineWorker, tokens: list[str]) -> None:
@@ -81,31 +90,36 @@ async def test_a_turn_streams_audio_frames_and_word_timestamps(server: ServerThr
     async with pipeline(server, rate=16000) as (task, sink):
         text = "Hello from rtserver. This is a Pipecat pipeline."
         await say(task, [w + " " for w in text.split()])
-        await asyncio.wait_for(sink.stopped.wait(), 30)
-        await asyncio.sleep(0.5)  # word frames follow the audio's play clock
+        await asyncio.wait_for(sink.stopped.wait(), scaled(30))
+        # word frames follow the audio's play clock: the last comes after the audio
+        await wait_until_async(lambda: "pipeline." in sink.words(), "the last word's frame")
     audio = sink.audio()
     assert audio and all(f.sample_rate == 16000 and f.num_channels == 1 for f in audio)
     seconds = sum(len(f.audio) for f in audio) / 2 / 16000
     assert 1.5 < seconds < 8.0
-    words = [f.text for f in sink.frames if isinstance(f, TTSTextFrame)]
-    assert "Hello" in words and "pipeline." in words
+    assert "Hello" in sink.words()
+
+
+def cancelled_count(server: ServerThread) -> float:
+    def read() -> float:
+        assert server.server is not None and server.server.app is not None
+        return float(server.server.app.metrics.contexts_total.labels("cancelled")._value.get())
+    return float(server.call(read))
 
 
 async def test_an_interruption_cancels_the_turn(server: ServerThread) -> None:
-    metric = 'rtserver_contexts_total{outcome="cancelled"}'
-    before = server.call(lambda: server.server.app.metrics.contexts_total.labels(  # type: ignore
-        "cancelled")._value.get())
+    before = cancelled_count(server)
     async with pipeline(server) as (task, sink):
         await say(task, [w + " " for w in LONG.split()])
-        await asyncio.wait_for(sink.first_audio.wait(), 30)
+        await asyncio.wait_for(sink.first_audio.wait(), scaled(30))
         await task.queue_frame(InterruptionFrame())
-        await asyncio.sleep(1.0)
-        n = len(sink.audio())
-        await asyncio.sleep(1.0)
-        assert len(sink.audio()) == n  # nothing more after the interruption
+        await asyncio.wait_for(sink.interrupted.wait(), scaled(30))
+        await wait_until_async(lambda: cancelled_count(server) == before + 1,
+                               "the server cancels the interrupted turn's context")
+    # the pipeline has ended (EndFrame): every frame it was going to deliver is here
+    after_interruption = sink.frames[sink.frames.index(sink.interrupted_by) + 1:]
+    late = [f for f in after_interruption if isinstance(f, TTSAudioRawFrame)]
+    assert not late, f"{len(late)} audio frames after the interruption"
     heard_s = sum(len(f.audio) for f in sink.audio()) / 2 / 24000
     assert heard_s < 20  # the whole reply is ~50 s of speech
-    after = server.call(lambda: server.server.app.metrics.contexts_total.labels(  # type: ignore
-        "cancelled")._value.get())
-    assert after == before + 1, metric
-
+    assert cancelled_count(server) == before + 1

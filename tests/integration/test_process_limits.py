@@ -18,6 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from rtserver.client import RtClient
+from rtserver.testing.procnet import held_peers
+from rtserver.testing.wait import scaled, wait_until_async
 from rtserver.tools.bench.server_proc import (
     SpawnedServer,
     free_port,
@@ -46,17 +48,43 @@ def metric(server: SpawnedServer, name: str) -> float:
     return float(m.group(1)) if m else -1.0
 
 
+def port_of(server: SpawnedServer) -> int:
+    return int(server.url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+async def quiet_stats(server: SpawnedServer, what: str) -> tuple[float, int]:
+    """(RSS MB, open fds) once the server counts no connection and no context
+    and holds no socket of one (an HTTP probe's included): a baseline that
+    does not depend on how far it got in closing the last one."""
+    await wait_until_async(
+        lambda: metric(server, "rtserver_active_connections") == 0
+        and metric(server, "rtserver_active_contexts") == 0, f"{what}: no connection counted")
+    # the probe just made is itself a connection the server closes after answering
+    await wait_until_async(lambda: not held_peers(server.pid, port_of(server)),
+                           f"{what}: no connection held")
+    rss, fds, _ = proc_stats(server.pid)
+    return rss, fds
+
+
 async def test_idle_connections_cost_at_most_64_kib(proc: SpawnedServer) -> None:
-    rss0, fds0, _ = proc_stats(proc.pid)
+    # one connection first: what the first one costs once (imports, pools) is
+    # not a cost per connection
+    async with connect(proc.url, compression=None) as ws:
+        await ws.recv()
+    rss0, _ = await quiet_stats(proc, "baseline")
     conns = []
     for _ in range(300):
         ws = await connect(proc.url, compression=None)
         await ws.recv()  # ready
         conns.append(ws)
-    await asyncio.sleep(1.0)
-    rss1, fds1, _ = proc_stats(proc.pid)
+    # the server's own count of open connections, then its descriptors
+    await wait_until_async(lambda: metric(proc, "rtserver_active_connections") == 300,
+                           "the server counts 300 connections")
+    rss1, _, _ = proc_stats(proc.pid)
+    held = held_peers(proc.pid, port_of(proc))
+    ports = {ws.local_address[1] for ws in conns}
+    assert len(ports & held) == 300, f"{len(ports & held)} of 300 held by the server"
     per_kib = (rss1 - rss0) * 1024 / 300
-    assert fds1 - fds0 >= 300
     assert per_kib <= 64, f"{per_kib:.1f} KiB per idle connection"
     for ws in conns:
         await ws.close()
@@ -65,8 +93,7 @@ async def test_idle_connections_cost_at_most_64_kib(proc: SpawnedServer) -> None
 async def test_300_abrupt_disconnects_mid_audio_leave_nothing(proc: SpawnedServer) -> None:
     async with RtClient.connect(proc.url) as warm:  # warm the voice and the pools
         assert (await warm.say("Warm up first.")).ok
-    await asyncio.sleep(0.5)
-    rss0, fds0, _ = proc_stats(proc.pid)
+    rss0, fds0 = await quiet_stats(proc, "baseline")
 
     async def drop() -> None:
         ws = await connect(proc.url, compression=None)
@@ -76,21 +103,14 @@ async def test_300_abrupt_disconnects_mid_audio_leave_nothing(proc: SpawnedServe
                                   "Hello there, this reply is cut off in the middle of its "
                                   "audio by a client that simply goes away."}))
         await ws.send(json.dumps({"type": "end", "context": "x"}))
-        while not isinstance(await asyncio.wait_for(ws.recv(), 60), bytes):
+        while not isinstance(await asyncio.wait_for(ws.recv(), scaled(60)), bytes):
             pass  # mid-audio: its first frame is here
         ws.transport.abort()
 
     for _ in range(30):
         await asyncio.gather(*(drop() for _ in range(10)))
-    for _ in range(100):  # the server notices the resets within moments
-        if metric(proc, "rtserver_active_contexts") == 0 \
-                and metric(proc, "rtserver_active_connections") == 0:
-            break
-        await asyncio.sleep(0.2)
-    assert metric(proc, "rtserver_active_contexts") == 0
-    assert metric(proc, "rtserver_active_connections") == 0
-    await asyncio.sleep(1.0)
-    rss1, fds1, _ = proc_stats(proc.pid)
+    # the server notices the resets, ends the contexts and closes the sockets
+    rss1, fds1 = await quiet_stats(proc, "after 300 resets")
     assert fds1 <= fds0 + 2, (fds0, fds1)
     assert rss1 - rss0 < 40, f"RSS {rss0:.0f} -> {rss1:.0f} MB"
 
@@ -113,7 +133,8 @@ async def _ttfa_ms(url: str, n: int) -> float:
 # client's own event loop, not the server), at the lowest priority (an
 # attacker's CPU is not the server's on a real network; on this 2-core box it
 # would be): sends invalid messages as fast as it can, reads one message every
-# argv[2] seconds (never when 0), prints its close code.
+# argv[2] seconds (never when 0); prints "flooding" once connected, then its
+# close code.
 FLOOD = """
 import asyncio, os, sys, time
 os.nice(19)
@@ -122,6 +143,7 @@ from websockets.exceptions import ConnectionClosed
 async def main(url, read_every):
     async with connect(url, compression=None, max_queue=1) as ws:
         await ws.recv()
+        print("flooding", flush=True)
         last = time.monotonic()
         try:
             for _ in range(400_000):
@@ -148,11 +170,16 @@ async def test_a_flood_and_a_trickle_reader_do_not_starve_a_normal_client(
     flooders = [await asyncio.create_subprocess_exec(
         sys.executable, "-c", FLOOD, proc.url, every, stdout=asyncio.subprocess.PIPE)
         for every in ("0", "1.0")]
-    await asyncio.sleep(0.5)
+    for f in flooders:  # both are connected and flooding
+        assert f.stdout is not None
+        assert await asyncio.wait_for(f.stdout.readline(), scaled(60)) == b"flooding\n"
     during = await _ttfa_ms(proc.url, 7)
-    outs = [await asyncio.wait_for(f.communicate(), 90) for f in flooders]
+    outs = [await asyncio.wait_for(f.communicate(), scaled(90)) for f in flooders]
     closed = [out.decode().strip() for out, _ in outs]
     rss1, _, _ = proc_stats(proc.pid)
-    assert during <= 2 * max(baseline, 30.0), (baseline, during)
+    # not starved: within 250 ms of the baseline (or twice it), scaled; the
+    # baseline alone moves between 40 and 145 ms with the 2-core box's other load
+    limit = scaled(max(2 * baseline, baseline + 250.0))
+    assert during <= limit, f"TTFA {baseline:.0f} ms alone, {during:.0f} ms in the flood"
     assert all(code in ("1008", "1006") for code in closed), closed
     assert rss1 - rss0 < 30, f"RSS {rss0:.0f} -> {rss1:.0f} MB"

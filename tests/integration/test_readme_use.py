@@ -20,6 +20,7 @@ import av
 import pytest
 
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +87,8 @@ class FakeLlm:
 
     def __enter__(self) -> FakeLlm:
         self._thread.start()
-        self._ready.wait(10)
+        if not self._ready.wait(scaled(30)):
+            raise TimeoutError("the fake LLM did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:

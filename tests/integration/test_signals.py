@@ -8,13 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from rtserver.testing.wait import scaled, wait_until, wait_until_async
 from rtserver.tools.bench.server_proc import free_port, http_get, rtserver_command, spawn
 
 pytestmark = pytest.mark.slow
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 async def test_sigterm_drains_contexts_in_flight_then_exits_0(tmp_path: Path) -> None:
     port = free_port()
+    ready = f"http://127.0.0.1:{port}/ready"
     server = spawn(rtserver_command(port, None), port, tmp_path / "server.log",
                    env={**os.environ, "RTSERVER_SERVER_DRAIN_TIMEOUT_S": "20"})
     try:
@@ -30,47 +31,57 @@ async def test_sigterm_drains_contexts_in_flight_then_exits_0(tmp_path: Path) ->
             await ws.send(json.dumps({"type": "start", "context": "a"}))
             await ws.send(json.dumps({"type": "text", "context": "a", "text":
                                       "This sentence is spoken to the end while the "
-                                      "server drains, and then the server goes away."}))
-            await ws.send(json.dumps({"type": "end", "context": "a"}))
+                                      "server drains, "}))
+            await ws.send(json.dumps({"type": "flush", "context": "a"}))
             while True:  # the first audio is out: a context in flight
-                if isinstance(await asyncio.wait_for(ws.recv(), 30), bytes):
+                if isinstance(await asyncio.wait_for(ws.recv(), scaled(30)), bytes):
                     break
+            # "a" stays open (no end yet), so the drain cannot finish before the
+            # test has seen it refuse a new context
             os.kill(server.pid, signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            assert http_get(f"http://127.0.0.1:{port}/ready")[0] == 503
+            await wait_until_async(lambda: http_get(ready)[0] != 200,
+                                   "the server takes itself out: /ready no longer 200")
+            assert http_get(ready)[0] == 503
             await ws.send(json.dumps({"type": "start", "context": "b"}))
             seen: list[dict[str, object]] = []
+            while not any(m["type"] == "error" and m.get("context") == "b" for m in seen):
+                msg = await asyncio.wait_for(ws.recv(), scaled(30))
+                if isinstance(msg, str):
+                    seen.append(json.loads(msg))
+            await ws.send(json.dumps({"type": "text", "context": "a",
+                                      "text": "and then the server goes away."}))
+            await ws.send(json.dumps({"type": "end", "context": "a"}))
             with pytest.raises(ConnectionClosed):
                 while True:
-                    msg = await asyncio.wait_for(ws.recv(), 30)
+                    msg = await asyncio.wait_for(ws.recv(), scaled(30))
                     if isinstance(msg, str):
                         seen.append(json.loads(msg))
             assert ws.close_code == 1001
         assert any(m["type"] == "done" and m["context"] == "a" for m in seen)
         assert any(m["type"] == "error" and m["code"] == "overloaded" and m["context"] == "b"
                    for m in seen)
-        assert server.process.wait(30) == 0
+        assert server.process.wait(scaled(30)) == 0
     finally:
         server.stop()
 
 
 def test_sigterm_during_start_up_exits_0(tmp_path: Path) -> None:
     port = free_port()
-    with open(tmp_path / "server.log", "wb") as log:
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
         proc = subprocess.Popen(rtserver_command(port, None), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 60
-            while b"loading" not in (tmp_path / "server.log").read_bytes() \
-                    and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.05)
+            wait_until(lambda: b"loading" in log_path.read_bytes() or proc.poll() is not None,
+                       "the server logs that it is loading its voices")
+            assert proc.poll() is None, log_path.read_text()
             assert http_get(f"http://127.0.0.1:{port}/ready")[0] != 200
             os.kill(proc.pid, signal.SIGTERM)
-            assert proc.wait(60) == 0
+            assert proc.wait(scaled(60)) == 0
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
-    log_text = (tmp_path / "server.log").read_bytes()
+    log_text = log_path.read_bytes()
     assert b"stopping during start-up" in log_text  # start-up was cut short, not finished
     assert b"ready on" not in log_text

@@ -100,16 +100,23 @@ async def test_two_contexts_at_once_on_one_connection(server: ServerThread) -> N
 
 
 async def test_cancel_fences_the_context(server: ServerThread) -> None:
-    long_text = " ".join(["This sentence keeps the voice busy for a good while."] * 12)
+    sentence = "This sentence keeps the voice busy for a good while. "
+    long_text = sentence * 12
     async with RtClient.connect(server.url) as client:
         ctx = await client.start()
-        await ctx.send_text(long_text)
-        await ctx.end()
+        await ctx.send_text(sentence)
+        await ctx.flush()
         seen: list[AudioFrames] = []
         async for event in ctx.events():
             if isinstance(event, AudioFrames):
                 seen.append(event)
                 break
+        # the rest, its end and the cancel go out back to back: the server reads
+        # the cancel right behind them. (All sent at once, the reply was done
+        # 1.4-1.5 s after its first frame, so a test stalled that long saw
+        # `done` and all 36 s of audio instead of a cancel.)
+        await ctx.send_text(sentence * 11)
+        await ctx.end()
         cancelled = await ctx.cancel()
         result = await ctx.collect()
         # nothing of the context after the fence; every frame seen is at or below it

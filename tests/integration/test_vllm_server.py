@@ -8,7 +8,6 @@ contexts run at once, and vLLM's own stats reach /metrics.
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ pytest.importorskip("vllm")
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import wait_until_async
 from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
 
@@ -84,10 +84,9 @@ async def test_cancel_frees_the_vllm_request(orpheus_server: ServerThread) -> No
         assert metric(orpheus_server, "rtserver_engine_in_flight_requests") >= 1
         cancelled = await ctx.cancel()
         assert cancelled.last_seq >= 0
-        deadline = time.monotonic() + 10
-        while metric(orpheus_server, "rtserver_engine_in_flight_requests") > 0:
-            assert time.monotonic() < deadline, "the vLLM request was not freed"
-            await asyncio.sleep(0.05)
+        await wait_until_async(
+            lambda: metric(orpheus_server, "rtserver_engine_in_flight_requests") == 0,
+            "the vLLM request is freed")
 
 
 async def test_two_orpheus_contexts_at_once(orpheus_server: ServerThread) -> None:

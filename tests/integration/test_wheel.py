@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -40,16 +41,19 @@ def test_an_installed_wheel_runs_bench_and_say_from_any_folder(tmp_path: Path) -
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = tmp_path / "elsewhere"
     work.mkdir()
+    # as a user runs it: no PYTHONPATH of this test run (it may point at the sources)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = subprocess.run([str(py), "-c", "import rtserver; print(rtserver.__file__)"],
-                           cwd=work, capture_output=True, text=True, check=True).stdout
+                           cwd=work, env=env, capture_output=True, text=True,
+                           check=True).stdout
     assert where.startswith(str(venv)), where  # the wheel's copy, not the repository's
     rtserver = venv / "bin" / "rtserver"
-    bench = subprocess.run([str(rtserver), "bench", "--help"], cwd=work, capture_output=True,
-                           text=True, timeout=120)
+    bench = subprocess.run([str(rtserver), "bench", "--help"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=120)
     assert bench.returncode == 0, bench.stderr
     assert "--concurrency" in bench.stdout
     say = subprocess.run([str(rtserver), "say", "Hello there.", "-o", "x.wav"], cwd=work,
-                         capture_output=True, text=True, timeout=300)
+                         env=env, capture_output=True, text=True, timeout=300)
     assert say.returncode == 0, say.stderr
     with wave.open(str(work / "x.wav")) as w:
         rate = w.getframerate()

@@ -23,6 +23,7 @@ from rtserver.engine.base import (  # noqa: E402
     TokenRequest,
 )
 from rtserver.errors import EngineFailed, Overloaded  # noqa: E402
+from rtserver.testing.wait import wait_until_async  # noqa: E402
 from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
 from rtserver.voices.chattts.assets import LmAssets, load_lm_assets  # noqa: E402
 from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
@@ -135,11 +136,7 @@ async def test_abort_frees_the_slot(assets: LmAssets) -> None:
             if got >= 3:
                 break
         await gen.aclose()
-        for _ in range(200):
-            if engine.slots_in_use() == 0:
-                break
-            await asyncio.sleep(0.005)
-        assert engine.slots_in_use() == 0
+        await wait_until_async(lambda: engine.slots_in_use() == 0, "the aborted slot is free")
         assert engine.stats().aborted_total == 1
         # the one slot serves the next request at once
         codes, _ = await asyncio.wait_for(
@@ -153,11 +150,8 @@ async def test_full_pool_queues_until_a_slot_frees(assets: LmAssets) -> None:
         first = engine.generate(request(assets, "one", "hello world", 1, 10_000))
         await first.__anext__()
         second = asyncio.create_task(collect(engine, request(assets, "two", "hi", 2, 5)))
-        for _ in range(400):
-            if engine.stats().waiting == 1:
-                break
-            await asyncio.sleep(0.005)
-        assert engine.stats().waiting == 1 and engine.stats().running == 1
+        await wait_until_async(lambda: engine.stats().waiting == 1, "the second request waits")
+        assert engine.stats().running == 1
         await first.aclose()
         codes, _ = await asyncio.wait_for(second, 10)  # ran once the slot was free
         assert len(codes) >= 1
@@ -174,8 +168,8 @@ async def test_full_queue_is_overloaded(assets: LmAssets) -> None:
         await collect(engine, request(assets, "two", "hi", 2, 5))
     assert exc.value.retry_after_ms == 500
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await asyncio.wait([task])  # not `await task`: this test's own cancel stays visible
+    assert task.cancelled()
 
 
 async def test_non_finite_fails_only_that_request(assets: LmAssets) -> None:
@@ -281,16 +275,13 @@ async def test_refine_cancel_frees_the_lane(assets: LmAssets) -> None:
             assets, "x", "hello", 1).prompt_token_ids, max_tokens=100_000,
             stop_token_ids=(0,), sampling=SamplingSettings(seed=1, temperature=0.7))
         task = asyncio.create_task(engine.refine(long))
-        await asyncio.sleep(0.2)
-        assert engine._text is not None and len(engine._text.live) == 1
+        lane = engine._text
+        assert lane is not None
+        await wait_until_async(lambda: len(lane.live) == 1, "the request holds the text lane")
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        for _ in range(200):
-            if not engine._text.live:
-                break
-            await asyncio.sleep(0.005)
-        assert not engine._text.live
+        await asyncio.wait([task])  # not `await task`: this test's own cancel stays visible
+        assert task.cancelled()
+        await wait_until_async(lambda: not lane.live, "the cancelled request left the lane")
         # the one text slot serves the next request
         ids = await asyncio.wait_for(engine.refine(refine_request(assets, "y", "hi", 2)), 10)
         assert ids

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from rtserver.testing.wait import wait_until_async
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
 from rtserver.voices.orpheus.snac_model import CodeWindow
 
@@ -29,6 +30,7 @@ class GatedDecoder:
         self.gate = gate
         self.calls: list[list[int]] = []  # frames of each window, per call
         self.threads: set[str] = set()
+        self.entered = threading.Event()  # a call has begun (and waits on the gate)
         self.max_frames, self.max_windows = max_frames, max_windows
 
     def fits(self, windows: int, frames: int) -> bool:
@@ -36,6 +38,7 @@ class GatedDecoder:
 
     def decode(self, windows: Sequence[CodeWindow]) -> list[np.ndarray]:
         self.threads.add(threading.current_thread().name)
+        self.entered.set()
         if self.gate is not None and not self.gate.wait(GUARD_S):
             raise TimeoutError("gate never opened")
         self.calls.append([int(w.codes.shape[0]) for w in windows])
@@ -51,8 +54,9 @@ async def test_first_chunk_is_answered_while_a_main_call_runs() -> None:
     batcher.enable_first_lane(lane)
     try:
         long_call = asyncio.ensure_future(batcher.decode([window(16, value=5)]))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)  # the main worker has taken it and blocks on the gate
+        # the main worker has taken it and its thread blocks on the gate
+        await wait_until_async(main.entered.is_set, "the long call is in the decoder",
+                               GUARD_S)
         first = await asyncio.wait_for(batcher.decode([window(1, value=7)], urgent=True),
                                        GUARD_S)
         assert not long_call.done()  # answered beside the call in flight, not after
