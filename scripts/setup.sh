@@ -36,6 +36,8 @@ if [ "$mode" = test ]; then
   echo "setup: installing rtserver with the piper, test, orpheus-cpu and chattts extras (vLLM takes a few minutes)"
   python -m pip install -q -e ".[piper,test,orpheus-cpu,chattts]"
   python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # upstream ChatTTS for the parity suite, in its own venv (.venv-parity/)
+  PYTHON="$PY" scripts/setup-parity.sh
 elif [ "$mode" = gpu ]; then
   echo "setup: installing rtserver with the orpheus-gpu and chattts extras (vLLM for CUDA)"
   python -m pip install -q -e ".[orpheus-gpu,chattts]"

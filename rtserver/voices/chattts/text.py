@@ -157,9 +157,11 @@ def normalise(text: str, is_tag: Callable[[str], bool] = lambda t: True,
 
 
 def code_prompt(text: str, *, prompt: str = "[speed_5]", speaker: bool = True) -> str:
-    """Upstream ``decorate_code_prompts``: prompt tokens the text must not hold
-    are removed, then ``[Stts][spk_emb]{prompt}{text}[Ptts]``."""
-    for tok in ("[Stts]", "[spk_emb]", "[empty_spk]", "[Ptts]"):
+    """Upstream ``decorate_code_prompts``: ``[Stts]``, ``[spk_emb]`` and
+    ``[empty_spk]`` are removed from the text (upstream leaves ``[Ptts]``, and so
+    does this: the prompt ids are upstream's, tests/parity), then
+    ``[Stts][spk_emb]{prompt}{text}[Ptts]``."""
+    for tok in ("[Stts]", "[spk_emb]", "[empty_spk]"):
         text = text.replace(tok, "")
     return f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{prompt}{text.strip()}[Ptts]"
 
