@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import tomllib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,6 +97,20 @@ def read_voices_file(path: str | Path, dim: int) -> dict[str, npt.NDArray[np.flo
     return out
 
 
+def read_homophones(path: str | Path) -> dict[str, str]:
+    """Upstream's ``homophones_map.json`` (``ChatTTS/res/``, in its package, not
+    in the model download): character -> character."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"chattts.homophones_file {path}: {exc}") from None
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) == 1 and len(v) == 1
+            for k, v in data.items()):
+        raise ConfigError(f"chattts.homophones_file {path}: not a map of single characters")
+    return data
+
+
 def step_budget(text: str, cfg: ChatTTSConfig) -> int:
     """Steps a segment may take: base + per character (CJK ones slower)."""
     cjk = sum(1 for ch in text if "\u4e00" <= ch <= "\u9fff")
@@ -112,6 +126,7 @@ class ChatTTSRuntime:
                  tokenizer: TokenizerLike, speakers: dict[str, Speaker], *,
                  eos_id: int, max_len: int, chunking: Any = None,
                  sample_stats: Callable[[int], npt.NDArray[np.float32]] | None = None,
+                 homophones: Mapping[str, str] | None = None,
                  collector_stats: Callable[[], Any] | None = None) -> None:
         self.config = cfg
         self.engine = engine
@@ -122,6 +137,7 @@ class ChatTTSRuntime:
         self.max_len = max_len
         self.chunking = chunking
         self._sample = sample_stats
+        self.homophones = homophones
         self._voices: dict[str, ChatTTSVoice] = {}
         self._users = 0
         self.closed = False
@@ -171,7 +187,7 @@ class ChatTTSRuntime:
 
     def prompt_ids(self, text: str) -> list[int]:
         """The code prompt of ``text`` (normalised), no refine pass; [] if nothing is left."""
-        norm = ct.normalise(text, self.tokenizer.has_token)
+        norm = ct.normalise(text, homophones=self.homophones)
         return self._code_ids(norm) if norm else []
 
     def _code_ids(self, text: str) -> list[int]:
@@ -183,7 +199,7 @@ class ChatTTSRuntime:
         the GPT rewrites the normalised text with prosody tokens, ids from
         ``[break_0]`` up are dropped (upstream ``i.less(break_0_ids)``), and the
         decoded text becomes the code prompt."""
-        norm = ct.normalise(text, self.tokenizer.has_token)
+        norm = ct.normalise(text, homophones=self.homophones)
         if not norm:
             return []
         refine = getattr(self.engine, "refine", None)
@@ -373,7 +389,9 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         await engine.close()
         raise
     stats = assets.speaker_stats
+    homophones = read_homophones(cfg.homophones_file) if cfg.homophones_file else None
     runtime = ChatTTSRuntime(cfg, engine, vocoder, assets.tokenizer, named,
+                             homophones=homophones,
                              eos_id=gcfg.eos_id, max_len=max_len,
                              chunking=getattr(vocoder, "chunking", None),
                              sample_stats=stats.sample if stats is not None else None)
