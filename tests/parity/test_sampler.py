@@ -24,6 +24,9 @@ SETTINGS = {
     "top_p": Settings(temperature=1.0, top_p=0.7, top_k=0, penalty=1.0),
     # the penalty and the temperature with nothing cut
     "penalty": Settings(temperature=0.7, top_p=1.0, top_k=0, penalty=1.3),
+    # top-p and top-k below upstream's min_tokens_to_keep=3: three ids stay
+    "keep3_p": Settings(temperature=1.0, top_p=0.05, top_k=0, penalty=1.0, scale=3.0),
+    "keep3_k": Settings(temperature=1.0, top_p=1.0, top_k=1, penalty=1.0, scale=1.0),
     # EOS masked: step 2 of min_new 4
     "min_new": Settings(temperature=1.0, top_p=1.0, top_k=0, penalty=1.0, step=2, min_new=4),
 }
@@ -49,6 +52,8 @@ WRONG = [
     ("penalty", {"penalty": 1.2}),
     ("penalty", {"temperature": 0.77}),
     ("min_new", {"min_new": 0}),
+    ("keep3_p", {"top_p": 0.95}),
+    ("keep3_k", {"top_k": 4}),
 ]
 
 
