@@ -97,6 +97,12 @@ def read_voices_file(path: str | Path, dim: int) -> dict[str, npt.NDArray[np.flo
     return out
 
 
+NO_STATS = ("no speaker statistics: the model folder has no asset/spk_stat.pt and "
+            "chattts.speaker_stats is empty (upstream 0.2.5 keeps them in its package, "
+            "ChatTTS/config/config.py Config.spk_stat, not in the files it downloads: put "
+            "that string in chattts.speaker_stats)")
+
+
 def read_homophones(path: str | Path) -> dict[str, str]:
     """Upstream's ``homophones_map.json`` (``ChatTTS/res/``, in its package, not
     in the model download): character -> character."""
@@ -154,8 +160,7 @@ class ChatTTSRuntime:
             return sp
         if name.startswith("seed_") and name[5:].isdigit():
             if self._sample is None:
-                raise UnknownVoice(f"ChatTTS speaker {name}: the model folder has no speaker "
-                                   "statistics (spk_stat.pt or chattts speaker_stats)")
+                raise UnknownVoice(f"ChatTTS speaker {name}: {NO_STATS}")
             sp = Speaker(name, normalised(self._sample(int(name[5:]))), f"seed {name[5:]}")
             self.speakers[name] = sp
             return sp
@@ -357,6 +362,8 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     assets = await asyncio.to_thread(load_lm_assets, cfg.asset_dir,
                                      speaker_stats=cfg.speaker_stats)
     gcfg = assets.config
+    if cfg.seeds and assets.speaker_stats is None:  # before any engine starts
+        raise UnknownVoice(f"ChatTTS seeded speakers {list(cfg.seeds)}: {NO_STATS}")
     named: dict[str, Speaker] = {}
     if cfg.voices_file:
         for name, vec in read_voices_file(cfg.voices_file, gcfg.hidden_size).items():
