@@ -13,7 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from .sampler_harness import Settings, case, run, today_sample_codes
+from .sampler_harness import Sampler, Settings, case, run, today_sample_codes
+
+# Every sampler under test, by name: an adapter (sampler_harness.Sampler) each.
+# The on-device batched sampler joins here when the engine rewrite merges.
+SAMPLERS: dict[str, Sampler] = {"sample_codes": today_sample_codes}
 
 SETTINGS = {
     # upstream's InferCodeParams defaults
@@ -32,13 +36,14 @@ SETTINGS = {
 }
 
 
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_sampler_draws_follow_upstreams_distribution(name: str) -> None:
+def test_sampler_draws_follow_upstreams_distribution(name: str, sampler: str) -> None:
     logits, history = case(seed=len(name), scale=SETTINGS[name].scale)
     if name == "min_new":  # make EOS likely, so masking it matters
         logits[625] = logits.max() + 1.0
-    res = run(today_sample_codes, logits, history, SETTINGS[name])
-    print(f"\nsampler {name}: chi2 {res.chi2:.1f} dof {res.dof} p {res.p_value:.3g} "
+    res = run(SAMPLERS[sampler], logits, history, SETTINGS[name])
+    print(f"\n{sampler} {name}: chi2 {res.chi2:.1f} dof {res.dof} p {res.p_value:.3g} "
           f"outside support {res.outside_support}")
     assert not res.rejected, res
 
@@ -57,14 +62,16 @@ WRONG = [
 ]
 
 
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
 @pytest.mark.parametrize(("name", "change"), WRONG,
                          ids=[f"{n}-{next(iter(c))}" for n, c in WRONG])
-def test_harness_rejects_a_wrong_setting(name: str, change: dict[str, float]) -> None:
+def test_harness_rejects_a_wrong_setting(name: str, change: dict[str, float],
+                                         sampler: str) -> None:
     right = SETTINGS[name]
     logits, history = case(seed=len(name), scale=right.scale)
     if name == "min_new":
         logits[625] = logits.max() + 1.0
-    res = run(today_sample_codes, logits, history, replace(right, **change), reference=right)
+    res = run(SAMPLERS[sampler], logits, history, replace(right, **change), reference=right)
     print(f"\nwrong {name} {change}: chi2 {res.chi2:.1f} dof {res.dof} p {res.p_value:.3g} "
           f"outside support {res.outside_support}")
     assert res.rejected, res
