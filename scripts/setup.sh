@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (Python 3.11, run as root) for rtserver.
 #   scripts/setup.sh serve   the server and the embedded Piper voice
-#   scripts/setup.sh test    also the test tools, vLLM for CPU and Chromium
+#   scripts/setup.sh test    also the test tools, vLLM for CPU and Chromium, and
+#                            upstream ChatTTS in .venv-parity/ (scripts/setup-parity.sh)
 #   scripts/setup.sh gpu     the server with vLLM, SNAC and ChatTTS for NVIDIA GPUs
 #                            (the GPU image runs this; see docs/DEPLOY.md)
 # Idempotent: a second run only checks. The virtual environment is .venv/.
