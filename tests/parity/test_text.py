@@ -28,6 +28,8 @@ import pytest
 
 from rtserver.voices.chattts import text as ct
 
+from .conftest import Pair
+
 CORPUS = Path(__file__).with_name("text_corpus.txt")
 
 
@@ -93,3 +95,25 @@ def test_what_differs_from_bare_upstream_is_the_number_reader(
     assert differ  # the reader does read numbers
     assert all(re.search(r"[\d&]", s) for s in differ), [
         s for s in differ if not re.search(r"[\d&]", s)]
+
+
+@pytest.mark.parametrize("numbers", [False, True])
+def test_corpus_prompt_ids_equal(pair: Pair, homophones: dict[str, str], numbers: bool) -> None:
+    """Text to prompt ids end to end on the corpus: upstream's normaliser,
+    ``decorate_code_prompts`` and ``BertTokenizerFast`` vs rtserver's
+    ``normalise``, ``code_prompt`` and ``tokenizers`` on the same tokenizer files."""
+    norm = upstream(numbers=numbers)
+    chat = pair.chat
+    spk = chat.sample_random_speaker()
+    bad = []
+    for s in corpus():
+        text = norm(s, True, True)  # type: ignore[operator]
+        ids, _m, _t = chat.tokenizer.encode(
+            chat.speaker.decorate_code_prompts([text], "[speed_5]", None, spk),
+            chat.config.gpt.num_vq)
+        want = [int(i) for i in ids[0, :, 0]]
+        got = pair.lm.tokenizer.encode(ct.code_prompt(
+            ct.normalise(s, numbers=numbers, homophones=homophones), prompt=ct.speed_prompt(5)))
+        if got != want:
+            bad.append(s)
+    assert not bad, bad[:10]
