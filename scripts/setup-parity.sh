@@ -24,7 +24,7 @@ PY="${PYTHON:-python3}"
 V="${1:-.venv-parity}"
 lock=scripts/parity-requirements.txt
 want="$(sha256sum "$lock" | cut -c1-16)-v1"
-check=(-c "import ChatTTS, torch, torchaudio; torchaudio.transforms.MelSpectrogram()(torch.zeros(1, 2048))")
+check=(-c "import ChatTTS, torch, torchaudio; torchaudio.transforms.MelSpectrogram(24000, n_fft=1024, hop_length=256, n_mels=100)(torch.zeros(1, 4096))")
 if [ -f "$V/.parity-stamp" ] && [ "$(cat "$V/.parity-stamp")" = "$want" ] \
     && "$V/bin/python" "${check[@]}" >/dev/null 2>&1; then
   exit 0
