@@ -162,3 +162,40 @@ def test_gpt_logits_of_32_steps_equal_in_float32(generated: dict[str, Any]) -> N
           f"hidden max |diff| {hdiff:.3g}")
     assert diff <= logit_atol(up["logits"])
     assert hdiff <= 1e-4 + 1e-5 * float(up["hidden"].abs().max())
+
+
+def test_refine_text_logits_equal_in_float32(pair: Pair) -> None:
+    """The refine-text pass (``Chat._refine_text``): text logits of 16 steps,
+    upstream's ``head_text`` (captured) vs ChatLM's text lane fed upstream's
+    ids, with its own KV cache. Tolerance as for the code logits."""
+    chat, lm = pair.chat, pair.lm
+    steps = 16
+    text = "hello world, 你好 this is a test."
+    captured: list[torch.Tensor] = []
+    hook = chat.embed.head_text.register_forward_hook(
+        lambda _m, _i, out: captured.append(out[0, -1].detach().clone()))
+    params = ChatTTS.Chat.RefineTextParams(manual_seed=4, max_new_token=steps,
+                                           min_new_token=steps, show_tqdm=False,
+                                           ensure_non_empty=False)
+    try:
+        res = chat._refine_text(text, chat.device, params)
+    finally:
+        hook.remove()
+    up_ids, up_logits = res.ids[0], torch.stack(captured)
+    assert len(up_ids) == steps and up_logits.shape == (steps, lm.config.num_text_tokens)
+
+    ids = torch.tensor(lm.tokenizer.encode(ct.refine_prompt(text)))
+    t = len(ids)
+    model = ChatLM(lm.config, lm.gpt, lm.embed, slots=1, max_len=t + steps + 1,
+                   device="cpu", dtype=torch.float32)
+    cache = model.text_cache(1, t + steps + 1)
+    hidden = [model.prefill(model.prompt_embeds(ids)[None], torch.tensor([t]),
+                            torch.tensor([0]), cache=cache)[0]]
+    for i in range(steps - 1):
+        x0 = model.emb_text[up_ids[i].long()][None]
+        hidden.append(model.decode_embeds(x0, torch.tensor([t + i]), t + i + 1, cache)[0])
+    ours = model.text_logits(torch.stack(hidden))[:, 0]
+    diff = float((ours - up_logits).abs().max())
+    print(f"\nrefine text logits, {steps} steps: max |diff| {diff:.3g} "
+          f"(max |logit| {float(up_logits.abs().max()):.3g})")
+    assert diff <= logit_atol(up_logits)
