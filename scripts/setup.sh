@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (Python 3.11, run as root) for rtserver.
 #   scripts/setup.sh serve   the server and the embedded Piper voice
-#   scripts/setup.sh test    also the test tools, vLLM for CPU and Chromium
+#   scripts/setup.sh test    also the test tools, vLLM for CPU and Chromium, and
+#                            upstream ChatTTS in .venv-parity/ (scripts/setup-parity.sh)
 #   scripts/setup.sh gpu     the server with vLLM, SNAC and ChatTTS for NVIDIA GPUs
 #                            (the GPU image runs this; see docs/DEPLOY.md)
 # Idempotent: a second run only checks. The virtual environment is .venv/.
@@ -36,6 +37,8 @@ if [ "$mode" = test ]; then
   echo "setup: installing rtserver with the piper, test, orpheus-cpu and chattts extras (vLLM takes a few minutes)"
   python -m pip install -q -e ".[piper,test,orpheus-cpu,chattts]"
   python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # upstream ChatTTS for the parity suite, in its own venv (.venv-parity/)
+  PYTHON="$PY" scripts/setup-parity.sh
 elif [ "$mode" = gpu ]; then
   echo "setup: installing rtserver with the orpheus-gpu and chattts extras (vLLM for CUDA)"
   python -m pip install -q -e ".[orpheus-gpu,chattts]"

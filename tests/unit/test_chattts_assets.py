@@ -124,8 +124,8 @@ def test_speaker_string_round_trip() -> None:
                           filters=[{"id": lzma.FILTER_LZMA2,
                                     "preset": 9 | lzma.PRESET_EXTREME}])
     np.testing.assert_array_equal(np.frombuffer(raw, np.float16), vec.astype(np.float16))
-    n = normalised(back)
-    assert abs(float(np.linalg.norm(n)) - 1.0) < 1e-5
+    n = normalised(back)  # in float16, as upstream: unit length within float16 rounding
+    assert abs(float(np.linalg.norm(n)) - 1.0) < 2e-3
 
 
 @pytest.mark.parametrize("text,why", [

@@ -41,3 +41,22 @@ async def test_refine_then_speak(tmp_path: Path) -> None:
     finally:
         await voice.close()
     assert rt.closed
+
+
+async def test_upstream_download_without_speaker_statistics_names_them(tmp_path: Path) -> None:
+    """Exactly the files upstream 0.2.5 downloads (no spk_stat.pt): seeded
+    speakers need chattts.speaker_stats, and the error says where it lives."""
+    from rtserver.errors import UnknownVoice
+    from rtserver.tools.layouts.chattts import tiny_speaker_stats
+
+    write_tiny_chattts(tmp_path, spk_stat_file=False)
+    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=1, max_len=64, seeds=(1,))
+    with pytest.raises(UnknownVoice, match=r"spk_stat\.pt and chattts\.speaker_stats is empty"):
+        await build_runtime(cfg)
+    rt = await build_runtime(ChatTTSConfig(
+        asset_dir=str(tmp_path), device="cpu", slots=1, max_len=64, seeds=(1,),
+        speaker_stats=tiny_speaker_stats(tmp_path)))
+    try:
+        assert rt.voice("seed_1").info.name
+    finally:
+        await rt.release()

@@ -11,7 +11,11 @@ Layout (what ``rtserver.voices.chattts.assets`` and upstream ``Chat.load`` read)
 (heads under weight-norm parametrizations), ``asset/tokenizer/`` (a BERT
 word-piece ``tokenizer.json`` with the control tokens, plus the two JSON files
 transformers' ``BertTokenizerFast`` wants), ``asset/spk_stat.pt``, and, from
-chattts-dec's writer, ``asset/{Decoder,DVAE,Vocos}.safetensors``.
+chattts-dec's writer, ``asset/{Decoder,DVAE,Vocos}.safetensors``. With
+``spk_stat_file=False`` the folder holds exactly ``UPSTREAM_FILES``, the files
+upstream 0.2.5 downloads (its ``res/sha256_map.json``): upstream keeps the
+speaker statistics in its package config (``Config.spk_stat``), and
+``tiny_speaker_stats`` gives the string that goes there.
 
 The tokenizer is ours, not upstream's: letters, digits, punctuation and a few
 hundred common CJK characters, so its ids are not upstream's ids. The real
@@ -37,6 +41,13 @@ CONTROL_TOKENS: tuple[str, ...] = (
     "[uv_break]", "[v_break]", "[lbreak]", "[laugh]", "[music]",
     *(f"[speed_{i}]" for i in range(10)), *(f"[oral_{i}]" for i in range(10)),
     *(f"[laugh_{i}]" for i in range(3)), *(f"[break_{i}]" for i in range(8)),
+)
+
+# What upstream 0.2.5 downloads into asset/ (ChatTTS/res/sha256_map.json), no more.
+UPSTREAM_FILES: tuple[str, ...] = (
+    "Decoder.safetensors", "DVAE.safetensors", "Embed.safetensors", "Vocos.safetensors",
+    "gpt/config.json", "gpt/model.safetensors", "tokenizer/special_tokens_map.json",
+    "tokenizer/tokenizer_config.json", "tokenizer/tokenizer.json",
 )
 
 TINY = GptConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -132,12 +143,21 @@ def _embed_tensors(cfg: GptConfig, gen: torch.Generator) -> dict[str, torch.Tens
     return out
 
 
+def _speaker_stats(cfg: GptConfig, gen: torch.Generator) -> torch.Tensor:
+    """Float16 ``[std; mean]`` (drawn after the GPT and Embed tensors)."""
+    std = 0.5 + 0.5 * torch.rand(cfg.hidden_size, generator=gen)
+    mean = 0.2 * torch.randn(cfg.hidden_size, generator=gen)
+    return torch.cat([std, mean]).half()
+
+
 def write_tiny_chattts(root: str | Path, *, shape: str = "tiny", seed: int = 0,
-                       decoder: bool = True) -> Path:
+                       decoder: bool = True, spk_stat_file: bool = True) -> Path:
     """Write the layout under ``root/asset``; returns ``root``.
 
     ``shape``: "tiny" or "real". ``decoder``: also write Decoder/DVAE/Vocos
     with chattts-dec's writer (the LM alone does not need them).
+    ``spk_stat_file``: also write ``asset/spk_stat.pt`` (the older layout);
+    without it (and with ``decoder``) the folder is exactly ``UPSTREAM_FILES``.
     """
     if shape not in ("tiny", "real"):
         raise ValueError(f"shape {shape!r}: 'tiny' or 'real'")
@@ -158,9 +178,9 @@ def write_tiny_chattts(root: str | Path, *, shape: str = "tiny", seed: int = 0,
     save_file(_gpt_tensors(base, gen), str(asset / "gpt" / "model.safetensors"))
     save_file(_embed_tensors(base, gen), str(asset / "Embed.safetensors"))
     # speaker statistics [std; mean] (the older upstream file layout)
-    std = 0.5 + 0.5 * torch.rand(base.hidden_size, generator=gen)
-    mean = 0.2 * torch.randn(base.hidden_size, generator=gen)
-    torch.save(torch.cat([std, mean]).half(), str(asset / "spk_stat.pt"))
+    stats = _speaker_stats(base, gen)
+    if spk_stat_file:
+        torch.save(stats, str(asset / "spk_stat.pt"))
     if decoder:
         from rtserver.tools.layouts import chattts_decoder as dec
 
@@ -169,6 +189,22 @@ def write_tiny_chattts(root: str | Path, *, shape: str = "tiny", seed: int = 0,
         else:
             dec.write_real_shape_decoder_assets(root, seed=seed)
     return root
+
+
+def tiny_speaker_stats(root: str | Path, *, seed: int = 0) -> str:
+    """The speaker statistics ``write_tiny_chattts(root, seed=seed)`` draws, as
+    upstream's ``Config.spk_stat`` string (base16384 of float16 ``[std; mean]``),
+    for a folder written with ``spk_stat_file=False``. Replays the writer's
+    generator over the tensor shapes the folder's ``gpt/config.json`` gives."""
+    import pybase16384 as b14
+
+    from rtserver.voices.chattts.assets import read_gpt_config
+
+    cfg = read_gpt_config(Path(root) / "asset")
+    gen = torch.Generator().manual_seed(seed)
+    _gpt_tensors(cfg, gen)
+    _embed_tensors(cfg, gen)
+    return str(b14.encode_to_string(_speaker_stats(cfg, gen).numpy().tobytes()))
 
 
 def main() -> None:

@@ -25,6 +25,10 @@ class ChatTTSConfig:
     speaker: str = ""  # the default speaker; empty: the first named one, else seed_<first>
     # Upstream's spk_stat string (config.py), when the folder has no spk_stat.pt.
     speaker_stats: str = ""
+    # Upstream's homophones_map.json (ChatTTS/res/ in the chattts package; not part
+    # of the model download): Chinese characters the model misreads, replaced by
+    # homophones it reads right, as upstream's normaliser does. Empty: none.
+    homophones_file: str = ""
     speed: int = 5  # [speed_N], upstream's prompt default is [speed_5]
     # Upstream's refine-text pass (the GPT adds prosody tokens before speaking);
     # off: it runs before the first audio, so it adds to TTFA.

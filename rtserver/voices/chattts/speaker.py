@@ -1,11 +1,13 @@
-"""ChatTTS speaker strings and speaker statistics (pure: numpy, lzma, base16384).
+"""ChatTTS speaker strings and speaker statistics (numpy, lzma, base16384; torch
+only to draw a seeded speaker as upstream does).
 
 A speaker is a float16 vector of the GPT's hidden size (768). Upstream shares
 it as a string: base16384 text of the raw-LZMA2-compressed float16 bytes
 (ChatTTS ``Speaker._encode``/``_decode``). The model's speaker statistics are
 float16 ``[std; mean]`` of twice that size, stored as base16384 text without
 compression (upstream ``config.spk_stat``) or, in the older layout, as a torch
-tensor ``asset/spk_stat.pt``; a seeded sample is ``mean + std * N(0, 1)``.
+tensor ``asset/spk_stat.pt``; a seeded sample is ``mean + std * N(0, 1)``
+drawn as upstream draws it after ``torch.manual_seed(seed)``.
 
 The vector goes into the ``[spk_emb]`` prompt position L2-normalised
 (upstream ``Speaker.apply``); :func:`normalised` does that.
@@ -68,9 +70,15 @@ def decode_speaker(text: str, dim: int) -> F32:
 
 
 def normalised(vector: F32) -> F32:
-    """L2-normalised as upstream ``Speaker.apply`` (eps 1e-12)."""
-    v = np.asarray(vector, dtype=np.float32)
-    return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+    """L2-normalised as upstream ``Speaker.apply``: ``F.normalize(p=2, eps=1e-12)``
+    of the float16 vector its speaker string decodes to, in float16 (float32
+    arithmetic here gives other values by up to 2e-4, which moved the GPT's
+    logits by 1e-3: tests/parity)."""
+    import torch
+    import torch.nn.functional as F
+
+    v = torch.from_numpy(np.asarray(vector, dtype=np.float16).copy())
+    return F.normalize(v, p=2.0, dim=0, eps=1e-12).float().numpy()
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,14 @@ class SpeakerStats:
         return str(b14.encode_to_string(both.tobytes()))
 
     def sample(self, seed: int) -> F32:
-        """Upstream ``Speaker._sample_random`` with a seeded generator, in float16."""
-        rng = np.random.default_rng(seed)
-        vec = rng.standard_normal(self.dim).astype(np.float32) * self.std + self.mean
-        return vec.astype(np.float16).astype(np.float32)
+        """Upstream's seeded speaker: ``torch.manual_seed(seed)`` then
+        ``Speaker._sample_random`` on the CPU, i.e. ``torch.randn(dim,
+        dtype=float16).mul_(std).add_(mean)`` in float16 from a CPU generator
+        seeded with ``seed`` (the same values, bit for bit: tests/parity)."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        std = torch.from_numpy(self.std.astype(np.float16))
+        mean = torch.from_numpy(self.mean.astype(np.float16))
+        vec = torch.randn(self.dim, dtype=torch.float16, generator=gen).mul_(std).add_(mean)
+        return vec.float().numpy()

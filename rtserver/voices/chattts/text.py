@@ -1,42 +1,49 @@
-"""ChatTTS text: normalisation and the prompt layout (pure).
+r"""ChatTTS text: normalisation and the prompt layout (pure).
 
-Normalisation follows upstream ``ChatTTS/norm.py``: the language is Chinese
-when a segment has more CJK characters than English words, else English;
-Chinese gets full-width punctuation; characters outside
-``[\\u4e00-\\u9fff A-Za-z ，。、,.]`` are mapped (``：；！（）`` and ASCII
-``:;!()-<>`` to commas and full stops) or dropped. Upstream leaves numbers to
-plug-in normalisers (WeTextProcessing, NeMo) and otherwise drops the digits;
-here numbers are read out: English words (``42`` -> ``forty two``,
-``3.5`` -> ``three point five``, ``20%`` -> ``twenty percent``) or Chinese
-(``42`` -> ``四十二``, ``3.5`` -> ``三点五``, ``20%`` -> ``百分之二十``).
+Normalisation is upstream's ``ChatTTS/norm.py`` ``Normalizer.__call__``, step
+for step (tests/parity compares it with upstream's own on a corpus):
 
-Control tokens the tokenizer knows (``[uv_break]``, ``[laugh]``,
-``[lbreak]``, ``[speed_N]``...) pass through untouched; other brackets are
-text. The prompt is upstream's ``Speaker.decorate_code_prompts``:
-``[Stts][spk_emb]{prompt}{text}[Ptts]`` with ``prompt`` ``[speed_5]`` by
-default.
+1. the language: Chinese when the text (control tags included) has more CJK
+   characters than English words, else English;
+2. a per-language text normaliser on the text between ``[...]`` tags (upstream
+   leaves this slot to plug-ins, WeTextProcessing or NeMo, and registers none:
+   bare upstream drops digits); here :func:`read_numbers` reads numbers out,
+   ``42`` -> ``forty two`` / ``四十二``, ``3.5`` -> ``three point five`` /
+   ``三点五``, ``20%`` -> ``twenty percent`` / ``百分之二十``, ``&`` -> ``and`` /
+   ``和`` (``numbers=False``: none, as bare upstream);
+3. Chinese: half-width punctuation to full-width;
+4. if any character outside ``[\u4e00-\u9fff A-Za-z ，。、,.]`` is left
+   (``[\w]`` tags not counted): ``：；！（）【】『』「」《》－`` and ASCII
+   ``:;!()<>-`` to commas and full stops;
+5. homophone replacement, character by character, with upstream's
+   ``homophones_map.json`` when given (``homophones``);
+6. if step 4 found any: every such character deleted from the text between
+   ``[...]`` (every bracketed run is kept as it is, known token or not).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-_TAG = re.compile(r"\[[A-Za-z_0-9]+\]")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _EN_WORD = re.compile(r"\b[A-Za-z]+\b")
 _NUMBER = re.compile(r"(?<![0-9.])([-−]?)(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(\s?%)?")
-_REJECT = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,. ]")
+# upstream Normalizer: reject_pattern, sub_pattern
+_REJECT = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,\. ]")
+_TAG = re.compile(r"\[[\w_]+\]")
 
 # upstream Normalizer.character_simplifier
 _SIMPLIFY = str.maketrans({"：": "，", "；": "，", "！": "。", "（": "，", "）": "，",
                            "【": "，", "】": "，", "『": "，", "』": "，", "「": "，",
                            "」": "，", "《": "，", "》": "，", "－": "，", ":": ",", ";": ",",
-                           "!": ".", "(": ",", ")": ",", ">": ",", "<": ",", "-": ",",
-                           "？": "。", "?": ".", "\n": " "})
-# upstream Normalizer.halfwidth_2_fullwidth (the characters that survive the filter)
-_FULLWIDTH = str.maketrans({",": "，", ".": "。", "!": "！", "?": "？", ":": "：",
-                            ";": "；", "(": "（", ")": "）", "-": "－"})
+                           "!": ".", "(": ",", ")": ",", ">": ",", "<": ",", "-": ","})
+# upstream Normalizer.halfwidth_2_fullwidth
+_FULLWIDTH = str.maketrans({"!": "！", '"': "“", "'": "‘", "#": "＃", "$": "＄", "%": "％",
+                            "&": "＆", "(": "（", ")": "）", ",": "，", "-": "－", "*": "＊",
+                            "+": "＋", ".": "。", "/": "／", ":": "：", ";": "；", "<": "＜",
+                            "=": "＝", ">": "＞", "?": "？", "@": "＠", "\\": "＼", "^": "＾",
+                            "`": "｀", "{": "｛", "|": "｜", "}": "｝", "~": "～"})
 
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
@@ -131,35 +138,77 @@ def detect_language(text: str) -> str:
     return "zh" if len(_CJK.findall(text)) > len(_EN_WORD.findall(text)) else "en"
 
 
-def _normalise_plain(text: str, zh: bool) -> str:
+def read_numbers(text: str, lang: str) -> str:
+    """rtserver's text normaliser (upstream's plug-in slot): numbers and ``&`` read out."""
+    zh = lang == "zh"
     text = _NUMBER.sub(lambda m: _read_number(m, zh), text)
-    text = text.replace("&", " and " if not zh else "和")
-    if zh:
+    return text.replace("&", "和" if zh else " and ")
+
+
+def split_tags(text: str) -> tuple[list[str], list[str]]:
+    """Upstream ``_split_tags``: the text runs and the ``[...]`` runs between them."""
+    texts: list[str] = []
+    tags: list[str] = []
+    cur_text, cur_tag = "", ""
+    for c in text:
+        if c == "[":
+            texts.append(cur_text)
+            cur_text, cur_tag = "", c
+        elif cur_tag != "":
+            cur_tag += c
+        else:
+            cur_text += c
+        if c == "]":
+            tags.append(cur_tag)
+            cur_tag = ""
+    if cur_text != "":
+        texts.append(cur_text)
+    return texts, tags
+
+
+def _combine_tags(texts: list[str], tags: list[str]) -> str:
+    """Upstream ``_combine_tags`` (a tag still open at the end is dropped, as there)."""
+    out = ""
+    rest = list(tags)
+    for t in texts:
+        out += t + (rest.pop(0) if rest else "")
+    return out
+
+
+def _map_texts(text: str, fn: Callable[[str], str]) -> str:
+    texts, tags = split_tags(text)
+    texts = [fn(t) for t in texts]
+    if tags:
+        return _combine_tags(texts, tags)
+    return texts[0] if texts else ""
+
+
+def normalise(text: str, lang: str | None = None, *, numbers: bool = True,
+              homophones: Mapping[str, str] | None = None) -> str:
+    """Upstream ``Normalizer(text, do_text_normalization=True,
+    do_homophone_replacement=homophones is not None, lang)``, with
+    :func:`read_numbers` as the text normaliser when ``numbers``."""
+    lang = lang or detect_language(text)
+    if numbers:
+        text = _map_texts(text, lambda t: read_numbers(t, lang))
+    if lang == "zh":
         text = text.translate(_FULLWIDTH)
-    text = _REJECT.sub(" ", text.translate(_SIMPLIFY))
-    return re.sub(r" {2,}", " ", text)
-
-
-def normalise(text: str, is_tag: Callable[[str], bool] = lambda t: True,
-              lang: str | None = None) -> str:
-    """Speakable ChatTTS text; control tags for which ``is_tag`` holds pass through."""
-    zh = (lang or detect_language(_TAG.sub("", text))) == "zh"
-    out: list[str] = []
-    pos = 0
-    for m in _TAG.finditer(text):
-        if not is_tag(m.group(0)):
-            continue
-        out.append(_normalise_plain(text[pos:m.start()], zh))
-        out.append(m.group(0))
-        pos = m.end()
-    out.append(_normalise_plain(text[pos:], zh))
-    return "".join(out).strip()
+    invalid = bool(_REJECT.search(_TAG.sub("", text)))
+    if invalid:
+        text = text.translate(_SIMPLIFY)
+    if homophones:
+        text = "".join(homophones.get(c, c) for c in text)
+    if invalid:
+        text = _map_texts(text, lambda t: _REJECT.sub("", t))
+    return text
 
 
 def code_prompt(text: str, *, prompt: str = "[speed_5]", speaker: bool = True) -> str:
-    """Upstream ``decorate_code_prompts``: prompt tokens the text must not hold
-    are removed, then ``[Stts][spk_emb]{prompt}{text}[Ptts]``."""
-    for tok in ("[Stts]", "[spk_emb]", "[empty_spk]", "[Ptts]"):
+    """Upstream ``decorate_code_prompts``: ``[Stts]``, ``[spk_emb]`` and
+    ``[empty_spk]`` are removed from the text (upstream leaves ``[Ptts]``, and so
+    does this: the prompt ids are upstream's, tests/parity), then
+    ``[Stts][spk_emb]{prompt}{text}[Ptts]``."""
+    for tok in ("[Stts]", "[spk_emb]", "[empty_spk]"):
         text = text.replace(tok, "")
     return f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{prompt}{text.strip()}[Ptts]"
 

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import tomllib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,6 +97,26 @@ def read_voices_file(path: str | Path, dim: int) -> dict[str, npt.NDArray[np.flo
     return out
 
 
+NO_STATS = ("no speaker statistics: the model folder has no asset/spk_stat.pt and "
+            "chattts.speaker_stats is empty (upstream 0.2.5 keeps them in its package, "
+            "ChatTTS/config/config.py Config.spk_stat, not in the files it downloads: put "
+            "that string in chattts.speaker_stats)")
+
+
+def read_homophones(path: str | Path) -> dict[str, str]:
+    """Upstream's ``homophones_map.json`` (``ChatTTS/res/``, in its package, not
+    in the model download): character -> character."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"chattts.homophones_file {path}: {exc}") from None
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) == 1 and len(v) == 1
+            for k, v in data.items()):
+        raise ConfigError(f"chattts.homophones_file {path}: not a map of single characters")
+    return data
+
+
 def step_budget(text: str, cfg: ChatTTSConfig) -> int:
     """Steps a segment may take: base + per character (CJK ones slower)."""
     cjk = sum(1 for ch in text if "\u4e00" <= ch <= "\u9fff")
@@ -112,6 +132,7 @@ class ChatTTSRuntime:
                  tokenizer: TokenizerLike, speakers: dict[str, Speaker], *,
                  eos_id: int, max_len: int, chunking: Any = None,
                  sample_stats: Callable[[int], npt.NDArray[np.float32]] | None = None,
+                 homophones: Mapping[str, str] | None = None,
                  collector_stats: Callable[[], Any] | None = None) -> None:
         self.config = cfg
         self.engine = engine
@@ -122,6 +143,7 @@ class ChatTTSRuntime:
         self.max_len = max_len
         self.chunking = chunking
         self._sample = sample_stats
+        self.homophones = homophones
         self._voices: dict[str, ChatTTSVoice] = {}
         self._users = 0
         self.closed = False
@@ -138,8 +160,7 @@ class ChatTTSRuntime:
             return sp
         if name.startswith("seed_") and name[5:].isdigit():
             if self._sample is None:
-                raise UnknownVoice(f"ChatTTS speaker {name}: the model folder has no speaker "
-                                   "statistics (spk_stat.pt or chattts speaker_stats)")
+                raise UnknownVoice(f"ChatTTS speaker {name}: {NO_STATS}")
             sp = Speaker(name, normalised(self._sample(int(name[5:]))), f"seed {name[5:]}")
             self.speakers[name] = sp
             return sp
@@ -171,7 +192,7 @@ class ChatTTSRuntime:
 
     def prompt_ids(self, text: str) -> list[int]:
         """The code prompt of ``text`` (normalised), no refine pass; [] if nothing is left."""
-        norm = ct.normalise(text, self.tokenizer.has_token)
+        norm = ct.normalise(text, homophones=self.homophones)
         return self._code_ids(norm) if norm else []
 
     def _code_ids(self, text: str) -> list[int]:
@@ -183,7 +204,7 @@ class ChatTTSRuntime:
         the GPT rewrites the normalised text with prosody tokens, ids from
         ``[break_0]`` up are dropped (upstream ``i.less(break_0_ids)``), and the
         decoded text becomes the code prompt."""
-        norm = ct.normalise(text, self.tokenizer.has_token)
+        norm = ct.normalise(text, homophones=self.homophones)
         if not norm:
             return []
         refine = getattr(self.engine, "refine", None)
@@ -341,6 +362,8 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     assets = await asyncio.to_thread(load_lm_assets, cfg.asset_dir,
                                      speaker_stats=cfg.speaker_stats)
     gcfg = assets.config
+    if cfg.seeds and assets.speaker_stats is None:  # before any engine starts
+        raise UnknownVoice(f"ChatTTS seeded speakers {list(cfg.seeds)}: {NO_STATS}")
     named: dict[str, Speaker] = {}
     if cfg.voices_file:
         for name, vec in read_voices_file(cfg.voices_file, gcfg.hidden_size).items():
@@ -373,7 +396,9 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         await engine.close()
         raise
     stats = assets.speaker_stats
+    homophones = read_homophones(cfg.homophones_file) if cfg.homophones_file else None
     runtime = ChatTTSRuntime(cfg, engine, vocoder, assets.tokenizer, named,
+                             homophones=homophones,
                              eos_id=gcfg.eos_id, max_len=max_len,
                              chunking=getattr(vocoder, "chunking", None),
                              sample_stats=stats.sample if stats is not None else None)
