@@ -11,7 +11,9 @@ Two measurements on the same prompts, speaker vectors and seeds:
   sampler draws from (after temperature, penalty, top-p, top-k) given the same
   past: their total-variation distance, how often the same noise draws a
   different code (the per-step flip rate), and the hidden state's relative
-  error, over long generations.
+  error, over long generations; then the Decoder's mel (float32, upstream's
+  default route, which reads the hidden states) of both runs' hidden states:
+  the mel error bf16 leaves in what is heard.
 
     python -m rtserver.tools.bench.chattts_precision --ckpt CK --requests 64 --steps 512
 """
@@ -117,7 +119,7 @@ def teacher_forced(ckpt: str, *, device: str, n: int, steps: int) -> dict[str, A
     seed = torch.arange(n, device=device)
     hist = torch.full((n, cfg.num_vq, PENALTY_WINDOW), cfg.num_audio_tokens,
                       dtype=torch.int64, device=device)
-    tv, flips, herr = [], [], []
+    tv, flips, herr, steps_h = [], [], [], []
     for step in range(steps):
         st = torch.full((n,), step, device=device)
         p32, p16 = (code_probs(m.code_logits(h), history=hist, step=st, eos_id=cfg.eos_id,
@@ -127,18 +129,44 @@ def teacher_forced(ckpt: str, *, device: str, n: int, steps: int) -> dict[str, A
         tv.append((0.5 * (p32 - p16).abs().sum(-1)).flatten().cpu())
         flips.append((c32 != c16).flatten().cpu())
         herr.append(((hidden[1] - hidden[0]).norm(dim=-1) / hidden[0].norm(dim=-1)).cpu())
+        steps_h.append([h.float() for h in hidden])
         hist = torch.cat([hist[:, :, 1:], c32[:, :, None]], dim=2)
         pos = lengths + step
         hidden = [m.decode(c32, pos, max_len) for m in models]
     tvs = torch.cat(tv).double().numpy()
     fl = torch.cat(flips).double().numpy()
     he = torch.cat(herr).double().numpy()
+    mel_err = _mel_error(ckpt, device, [torch.stack([s_[k] for s_ in steps_h], dim=1)
+                                        for k in (0, 1)])
     return {"requests": n, "steps": steps,
+            "mel_rel_err": {"p50": float(np.median(mel_err)),
+                            "p99": float(np.percentile(mel_err, 99)),
+                            "p50_db": float(20 * np.log10(np.median(mel_err))),
+                            "max_db": float(20 * np.log10(mel_err.max()))},
             "tv_distance": {"mean": float(tvs.mean()), "p50": float(np.median(tvs)),
                             "p99": float(np.percentile(tvs, 99))},
             "draw_flip_rate_per_code": float(fl.mean()),
             "hidden_rel_err": {"p50": float(np.median(he)),
                                "p99": float(np.percentile(he, 99))}}
+
+
+def _mel_error(ckpt: str, device: str, hidden: list[Any]) -> np.ndarray:
+    """Per request ``||mel(bf16 hidden) - mel(float32 hidden)|| / ||mel(float32
+    hidden)||``: ``hidden`` is [float32, bf16] ``(n, steps, H)``; the Decoder
+    runs in float32 on both (upstream's route)."""
+    from pathlib import Path
+
+    import torch
+
+    from rtserver.voices.chattts.decoder.checkpoint import load_audio_models
+
+    mel, _, _ = load_audio_models(Path(ckpt), route="decoder")
+    mel = mel.to(device).float().eval()
+    n, t, _ = hidden[0].shape
+    mask = torch.ones((n, 1, 2 * t), device=device)
+    out = [mel(h.transpose(1, 2).contiguous(), mask) for h in hidden]
+    err = (out[1] - out[0]).flatten(1).norm(dim=1) / out[0].flatten(1).norm(dim=1)
+    return np.asarray(err.double().cpu().numpy())
 
 
 def compare(ckpt: str, *, device: str, n: int, steps: int) -> dict[str, Any]:
