@@ -17,17 +17,14 @@ Decodes of all streams are batched (``batcher.DecodeBatcher``).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from rtserver.vocoder.batcher import BatcherStats, DecodeBatcher
-from rtserver.vocoder.chunking import (
-    ChunkConfig,
-)
+from rtserver.vocoder.batched import BatchedVocoder
+from rtserver.vocoder.batcher import DecodeBatcher
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.vocoder.planned_stream import PlannedStream
 from rtserver.voices.orpheus.snac_model import (
@@ -41,8 +38,8 @@ from rtserver.voices.orpheus.snac_model import (
 )
 
 
-class SnacVocoder:
-    """Owns the SNAC decoder and the batcher; ``start`` before opening streams."""
+class SnacVocoder(BatchedVocoder[CodeWindow]):
+    """The SNAC decoder behind the shared batcher; ``start`` before opening streams."""
 
     def __init__(self, decoder: SnacDecoder, config: VocoderConfig | None = None,
                  device: str = "cpu") -> None:
@@ -51,8 +48,8 @@ class SnacVocoder:
         self.sample_rate: int = decoder.sample_rate
         self.samples_per_frame: int = decoder.samples_per_frame
         self.codebook_size: int = decoder.codebook_size
-        self._chunking = self.config.chunk_config(self.samples_per_frame)
-        self._batcher = DecodeBatcher(decoder, self.config.batcher_config(device))
+        super().__init__(DecodeBatcher(decoder, self.config.batcher_config(device)),
+                         self.config.chunk_config(self.samples_per_frame))
 
     @classmethod
     def load(cls, snac_dir: Path | None, *, dummy: bool = False, device: str = "cpu",
@@ -74,33 +71,11 @@ class SnacVocoder:
                               graph_max_cells=config.graph_max_cells, dtype=config.dtype)
         return cls(decoder, config, device)
 
-    @property
-    def chunking(self) -> ChunkConfig:
-        return self._chunking
-
-    @property
-    def stats(self) -> BatcherStats:
-        """Batching counters (calls, call sizes, decode seconds) for metrics."""
-        return self._batcher.stats.snapshot()
-
-    async def start(self, *, warm_up: bool = True) -> None:
-        """Start the decode thread; ``warm_up`` runs one decode (and, on CUDA with
-        graphs, captures them all and opens the first lane) before returning."""
-        await self._batcher.start()
-        if warm_up:
-            await asyncio.get_running_loop().run_in_executor(
-                self._batcher.executor, self._warm_up)
-            lane = self.decoder.first_lane()
-            if lane is not None:
-                self._batcher.enable_first_lane(lane)
-
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> Any:
         self.decoder.decode([CodeWindow(np.zeros((1, FRAME_CODES), dtype=np.int64), 0)])
         first = self.config.first_frames if self.config.first_lane else 0
         self.decoder.warm_up(self.config.max_batch_frames, first_lane_frames=first)
-
-    async def close(self) -> None:
-        await self._batcher.close()
+        return self.decoder.first_lane()
 
     def open_stream(self) -> SnacStream:
         return SnacStream(self, self._batcher)

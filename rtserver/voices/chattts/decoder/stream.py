@@ -17,7 +17,6 @@ see ``config``). Decodes of all streams are batched (``batcher.DecodeBatcher``).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rtserver.errors import EngineFailed
-from rtserver.vocoder.batcher import BatcherConfig, BatcherStats, DecodeBatcher
-from rtserver.vocoder.chunking import ChunkConfig
+from rtserver.vocoder.batched import BatchedVocoder
+from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
 from rtserver.vocoder.planned_stream import PlannedStream
 from rtserver.voices.chattts.decoder.checkpoint import Route, load_audio_models, random_audio_models
 from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
@@ -34,8 +33,8 @@ from rtserver.voices.chattts.decoder.dims import REAL_DIMS, STEP_SAMPLES
 from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder, StepWindow
 
 
-class ChatTTSVocoder:
-    """Owns the window decoder and the batcher; ``start`` before opening streams."""
+class ChatTTSVocoder(BatchedVocoder[StepWindow]):
+    """The window decoder behind the shared batcher; ``start`` before opening streams."""
 
     def __init__(self, decoder: ChatTTSWindowDecoder, config: ChatTTSDecodeConfig | None = None
                  ) -> None:
@@ -49,13 +48,12 @@ class ChatTTSVocoder:
         self.samples_per_step: int = STEP_SAMPLES
         self.width: int = decoder.width
         self.codebook_size: int = decoder.dims.vq.codebook_size
-        self._chunking = self.config.chunk_config()
         pad = self.config.max_pad_fraction
         if pad < 0:
             pad = 4.0 if decoder.device.type == "cuda" else 0.25
-        self._batcher: DecodeBatcher[StepWindow] = DecodeBatcher(decoder, BatcherConfig(
+        super().__init__(DecodeBatcher(decoder, BatcherConfig(
             max_batch=self.config.max_batch, max_batch_frames=self.config.max_batch_frames,
-            max_pad_fraction=pad))
+            max_pad_fraction=pad)), self.config.chunk_config())
 
     @classmethod
     def load(cls, root: Path | None, *, route: str | None = None, dummy: bool = False,
@@ -81,32 +79,12 @@ class ChatTTSVocoder:
             graph_max_cells=config.graph_max_cells)
         return cls(decoder, config)
 
-    @property
-    def chunking(self) -> ChunkConfig:
-        """The chunk plan (frame = one GPT step); ``chunking.stream_plan`` takes it."""
-        return self._chunking
-
-    @property
-    def stats(self) -> BatcherStats:
-        """Batching counters (calls, call sizes, decode seconds) for metrics."""
-        return self._batcher.stats.snapshot()
-
-    async def start(self, *, warm_up: bool = True) -> None:
-        """Start the decode thread; ``warm_up`` runs one decode (and on CUDA with
-        graphs captures them all, and the first lane's) on it before returning."""
-        await self._batcher.start()
-        if warm_up:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._batcher.executor, self.decoder.warm_up)
-            if self.config.first_lane:
-                lane = await loop.run_in_executor(
-                    self._batcher.executor, self.decoder.first_lane,
-                    self.config.first_lane_batch, self.config.first_lane_steps)
-                if lane is not None:
-                    self._batcher.enable_first_lane(lane)
-
-    async def close(self) -> None:
-        await self._batcher.close()
+    def _warm_up(self) -> Any:
+        self.decoder.warm_up()
+        if not self.config.first_lane:
+            return None
+        return self.decoder.first_lane(self.config.first_lane_batch,
+                                       self.config.first_lane_steps)
 
     def open_stream(self) -> ChatTTSStream:
         return ChatTTSStream(self, self._batcher)
