@@ -263,13 +263,28 @@ class WorkerLink:
         else:
             self._on_ready(msg)
 
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        try:
+            self._on_message(frames[0].bytes, frames[1:])
+        except Exception:  # a bad message from the worker: log, keep reading
+            log.exception("unreadable message from the GPU worker")
+
     async def _read(self) -> None:
         while True:
-            frames = await self._sock.recv_multipart(copy=False)
+            self._handle(await self._sock.recv_multipart(copy=False))
+
+    def _drain(self) -> None:
+        """Handle what the worker sent before its socket closed: its last
+        chunks and failures are already queued here, and the monitor's
+        disconnect can be read before them (seen once in CI: a crashed
+        engine's chunk and failure lost behind the disconnect)."""
+        sock: zmq.Socket[Any] = zmq.Socket.shadow(self._sock.underlying)  # the same socket, no await
+        while True:
             try:
-                self._on_message(frames[0].bytes, frames[1:])
-            except Exception:  # a bad message from the worker: log, keep reading
-                log.exception("unreadable message from the GPU worker")
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames)
 
     async def _beat(self) -> None:
         """``Hello`` while the worker is away, ``Ping`` while it is up; silence
@@ -290,6 +305,7 @@ class WorkerLink:
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._drain()
                 self._lost("its socket closed")
 
 

@@ -357,11 +357,15 @@ async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> Non
 async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_path: Path) -> None:
     voice = FakeVoice("fake:a", die=True)
     async with rig(tmp_path, [voice]) as (r, _, remote):
-        gen = remote["fake:a"].synthesize(request("r1"))
-        await gen.__anext__()
+        chunks = 0
         with pytest.raises(EngineFailed) as exc:
-            await gen.__anext__()
-        assert "crashed" in str(exc.value)
+            async for _ in remote["fake:a"].synthesize(request("r1")):
+                chunks += 1
+        # the engine's own reason, or the worker's loss: an exiting worker's last
+        # messages can be dropped unread (ZMQ_IMMEDIATE ends the pipe at the
+        # disconnect); either way the context fails with engine_failed
+        assert "crashed" in str(exc.value) or isinstance(exc.value, EngineLost)
+        assert chunks <= 1
         assert r.task is not None
         # the worker exits with its status for the supervisor to restart it
         assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
