@@ -102,7 +102,13 @@ class Split:
         return f"ws://127.0.0.1:{self.port}/v1/stream"
 
     def worker_pid(self, after: int = 0) -> int:
-        return int(self.wait_for(r"gpu worker 0 started, pid (\d+)", after=after).group(1))
+        """The pid of the GPU worker now: the last one started (a test before,
+        or a repeat, may have killed and restarted it)."""
+        pattern = r"gpu worker 0 started, pid (\d+)"
+        self.wait_for(pattern, after=after)
+        with self._new:
+            starts = [m for line in self.lines[after:] if (m := re.search(pattern, line))]
+        return int(starts[-1].group(1))
 
     def engine(self, name: str) -> float:
         """An ``rtserver_engine_<name>`` of the ChatTTS engine, from the GPU
