@@ -278,7 +278,8 @@ class WorkerLink:
         chunks and failures are already queued here, and the monitor's
         disconnect can be read before them (seen once in CI: a crashed
         engine's chunk and failure lost behind the disconnect)."""
-        sock: zmq.Socket[Any] = zmq.Socket.shadow(self._sock.underlying)  # the same socket, no await
+        # the same socket, read without await
+        sock: zmq.Socket[Any] = zmq.Socket.shadow(self._sock.underlying)
         while True:
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
