@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from typing import Any
 
 import numpy as np
 
 from rtserver.engine.base import PromptEmbedding, SamplingSettings, TokenRequest
+from rtserver.tools.bench.store import emit_json
 
 TEXTS = ("Hello there, this is a check of how closely the two precisions agree.",
          "The quick brown fox jumps over the lazy dog, again and again.",
@@ -199,11 +199,7 @@ def main() -> None:
     res = {"free_running": compare(a.ckpt, device=a.device, n=a.requests, steps=a.steps),
            "teacher_forced": teacher_forced(a.ckpt, device=a.device, n=a.requests,
                                             steps=a.steps)}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(res, a.out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rtserver.engine.base import PromptEmbedding, SamplingSettings, TokenRequest
+from rtserver.tools.bench.store import emit_json
 
 STEPS_PER_S = 24000 / 512  # audio steps per second (upstream Vocos hop 256, 2 frames/step)
 TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
@@ -193,11 +194,7 @@ def main() -> None:
                               parse_levels(a.levels, a.steps), not a.no_hidden,
                               a.profile, a.dtype, **kw))
     res["gil_switch_ms"] = sys.getswitchinterval() * 1000
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(res, a.out)
 
 
 if __name__ == "__main__":

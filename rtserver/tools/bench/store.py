@@ -22,6 +22,15 @@ def write_results(path: Path, results: Any) -> None:
         out.write(data)
 
 
+def emit_json(results: Any, out: str) -> None:
+    """Print ``results`` as JSON and, with ``out``, write it there too (the
+    GPU benches' one-line results, read back from the device's output)."""
+    text = json.dumps(results, indent=1)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n", encoding="utf-8")
+
+
 def read_results(folder: Path) -> Any:
     """A run folder's results: ``results.json.gz``, or ``results.json`` of older runs."""
     packed = folder / RESULTS

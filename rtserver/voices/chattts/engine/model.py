@@ -98,6 +98,18 @@ class ChatLM:
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return (x * cos.to(x.dtype)) + (rot * sin.to(x.dtype))
 
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` ``[n, T, hidden]`` -> q, k, v ``[n, heads, T, head_dim]`` (q and
+        k rotated), the attention's input in prefill, chunked prefill and decode."""
+        n, t, _ = x.shape
+        d = self.cfg.head_dim
+        qkv = F.linear(self._rms(x, layer.ln1), layer.qkv)
+        q = qkv[..., :self._q].view(n, t, -1, d).transpose(1, 2)
+        k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
+        v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gu = F.linear(x, layer.gate_up)
         g, u = gu.chunk(2, dim=-1)
@@ -142,16 +154,10 @@ class ChatLM:
         """
         kcache, vcache = cache if cache is not None else (self.k_cache, self.v_cache)
         n, t, _ = embeds.shape
-        d = self.cfg.head_dim
         cos, sin = self.cos[:t][None, None], self.sin[:t][None, None]
         x = embeds.to(self.dtype)
         for li, layer in enumerate(self.layers):
-            h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.qkv)
-            q = qkv[..., :self._q].view(n, t, -1, d).transpose(1, 2)
-            k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
-            v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k, v = self._qkv(layer, x, cos, sin)
             kcache[li, slots, :, :t] = k
             vcache[li, slots, :, :t] = v
             a = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v),
@@ -174,7 +180,6 @@ class ChatLM:
         past the prompt, where decode overwrites it before attending to it
         (past ``max_len``: the scratch position)."""
         n, t, _ = embeds.shape
-        d = self.cfg.head_dim
         posn = (start[:, None] + torch.arange(t, device=embeds.device)[None, :]
                 ).clamp(max=self.max_len)  # [n, T]
         cos, sin = self.cos[posn][:, None], self.sin[posn][:, None]  # [n, 1, T, d]
@@ -183,12 +188,7 @@ class ChatLM:
         rows = slots[:, None]
         x = embeds.to(self.dtype)
         for li, layer in enumerate(self.layers):
-            h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.qkv)
-            q = qkv[..., :self._q].view(n, t, -1, d).transpose(1, 2)
-            k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
-            v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k, v = self._qkv(layer, x, cos, sin)
             kc, vc = self.k_cache[li], self.v_cache[li]
             kc[rows, :, posn] = k.transpose(1, 2)  # [n, T, heads, d]
             vc[rows, :, posn] = v.transpose(1, 2)
@@ -212,7 +212,6 @@ class ChatLM:
         """``decode`` from input embeddings ``[B, hidden]`` on the rows
         ``0..B-1`` of ``cache`` (K, V)."""
         b = x0.shape[0]
-        d = self.cfg.head_dim
         kcache, vcache = cache
         rows = torch.arange(b, device=x0.device)
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]
@@ -220,12 +219,7 @@ class ChatLM:
         mask = mask[:, None, None, :]
         x = x0.to(self.dtype)[:, None, :]  # [B, 1, hidden]
         for li, layer in enumerate(self.layers):
-            h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.qkv)
-            q = qkv[..., :self._q].view(b, 1, -1, d).transpose(1, 2)
-            k = qkv[..., self._q:self._q + self._kv].view(b, 1, -1, d).transpose(1, 2)
-            v = qkv[..., self._q + self._kv:].view(b, 1, -1, d).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k, v = self._qkv(layer, x, cos, sin)
             kc, vc = kcache[li], vcache[li]
             kc[rows, :, pos] = k[:, :, 0]
             vc[rows, :, pos] = v[:, :, 0]
