@@ -344,6 +344,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
+    from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
     from rtserver.voices.chattts.decoder.stream import ChatTTSVocoder
     from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
     from rtserver.voices.chattts.engine.model import ChatLM
@@ -389,8 +390,12 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     progress("starting the ChatTTS engine")
     await engine.start()
     try:
+        bf16 = cfg.decoder_dtype == "bfloat16" or (
+            cfg.decoder_dtype == "auto" and str(device).startswith("cuda"))
+        hold_s = cfg.decoder_hold_ms / 1000 if cfg.decoder_hold_ms >= 0 else -1.0
+        dec_cfg = ChatTTSDecodeConfig(route=cfg.decoder, bf16=bf16, hold_s=hold_s)
         vocoder = await asyncio.to_thread(ChatTTSVocoder.load, Path(cfg.asset_dir),
-                                          route=cfg.decoder, device=device)
+                                          device=device, config=dec_cfg)
         await vocoder.start()
     except BaseException:
         await engine.close()
