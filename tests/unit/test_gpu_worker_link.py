@@ -371,6 +371,31 @@ async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_pat
         assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
 
 
+async def test_an_engine_that_dies_while_idle_ends_the_worker(tmp_path: Path) -> None:
+    """No request in flight: the worker reads its families' probes
+    (``VoiceSet.dead``) and exits ``ENGINE_DEAD_EXIT`` all the same."""
+    voice = FakeVoice("fake:a")
+    dead: dict[str, str] = {}
+    reads: list[int] = []
+
+    def probe() -> dict[str, str]:
+        reads.append(1)
+        return dead
+
+    server = WorkerServer({"fake:a": voice}, by_spec={"fake:a": "fake:a"}, default="fake:a",
+                          capacity={"fake": 0}, config=CONFIG, dead=probe)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.serve(f"ipc://{tmp_path}/w.sock", stop))
+    try:
+        await until(lambda: len(reads) >= 2)  # serving, and read healthy twice
+        assert not task.done()
+        dead["fake:a"] = "its loop died"
+        assert await asyncio.wait_for(task, 10) == ENGINE_DEAD_EXIT
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def _never_here(specs: object, section: object, settings: object,
                      progress: object) -> FamilyVoices:
     raise AssertionError("a front end loaded a GPU family's voice itself")
