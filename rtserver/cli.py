@@ -44,7 +44,12 @@ def _run(coro: Any) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rtserver.server.app import serve_forever
-    from rtserver.server.workers import Supervisor, child_command, plan_workers
+    from rtserver.server.workers import (
+        Supervisor,
+        child_command,
+        plan_workers,
+        require_shared_secret,
+    )
 
     config = _config(args, **{"server.host": args.host, "server.port": args.port,
                               "server.workers": args.workers,
@@ -68,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         plan = plan_workers(s.workers)
         if s.port == 0:
             raise ConfigError("server.workers > 1 needs a fixed port (not 0)")
+        require_shared_secret(len(plan.gpus), s.api_keys, config.admission.token_secret)
         return Supervisor(child_command(passed), plan, drain_timeout_s=s.drain_timeout_s,
                           url=f"ws://{s.host}:{s.port}/v1/stream").run()
     return int(_run(serve_forever(config)))  # non-zero after an engine died
