@@ -113,3 +113,37 @@ def test_the_dashboards_engine_metrics_are_served(orpheus_server: ServerThread) 
         names = exposed(resp.read().decode())
     wanted = engine_metrics_queried()
     assert wanted and not wanted - names, sorted(wanted - names)
+
+
+async def test_zz_a_killed_engine_core_takes_the_voice_down(
+        orpheus_server: ServerThread) -> None:
+    """Last in the module (it kills the engine): vLLM's engine core process
+    killed with no request in flight. The server's watch reads vLLM's
+    ``errored``: the Orpheus voices go down for good (``/ready`` 503, a new
+    context ``engine_failed``) and the server marks itself for its exit 70;
+    the Piper voice of the same server still speaks until then."""
+    import multiprocessing
+    import os
+    import signal
+
+    from rtserver.client import ServerError
+    from rtserver.testing.wait import wait_until
+    from rtserver.tools.bench.server_proc import http_get
+
+    cores = [p for p in multiprocessing.active_children() if "EngineCore" in p.name]
+    assert cores, [p.name for p in multiprocessing.active_children()]
+    for proc in cores:
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+    wait_until(lambda: http_get(orpheus_server.http + "/ready")[0] == 503,
+               "/ready turns 503 with nothing in flight")
+    assert orpheus_server.server is not None and orpheus_server.server.app is not None
+    assert orpheus_server.server.app.engine_dead.is_set()
+    async with RtClient.connect(orpheus_server.url) as client:
+        with pytest.raises(ServerError) as refused:
+            await client.start(voice="orpheus:tara")
+        assert refused.value.error.code == "engine_failed"
+        piper = await client.start(voice="piper:en_US-joe-medium")
+        await piper.send_text("Still here.")
+        await piper.end()
+        assert (await piper.collect()).ok
