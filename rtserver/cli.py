@@ -20,18 +20,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voice", help="default voice: piper:en_US-joe-medium (embedded), a "
                    "path to a Piper .onnx, or orpheus:<speaker>")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="log lines as text (default) or one JSON object each")
 
 
 def _config(args: argparse.Namespace, **flags: Any) -> Config:
-    flags.update({"voice.default": args.voice, "server.log_level": args.log_level})
+    flags.update({"voice.default": args.voice, "server.log_level": args.log_level,
+                  "server.log_format": args.log_format})
     return load_config(args.config, flags=flags)
 
 
-def _setup_logging(level: str) -> None:
-    import logging
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from rtserver.logs import setup_logging
 
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(level, fmt)
 
 
 def _run(coro: Any) -> Any:
@@ -54,11 +56,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args, **{"server.host": args.host, "server.port": args.port,
                               "server.workers": args.workers,
                               "server.reuse_port": True if args.reuse_port else None})
-    _setup_logging(config.server.log_level)
+    _setup_logging(config.server.log_level, config.server.log_format)
     s = config.server
     passed = [a for name, flag in (("config", "--config"), ("voice", "--voice"),
-                                   ("log_level", "--log-level"), ("host", "--host"),
-                                   ("port", "--port"))
+                                   ("log_level", "--log-level"), ("log_format", "--log-format"),
+                                   ("host", "--host"), ("port", "--port"))
               if getattr(args, name) is not None for a in (flag, str(getattr(args, name)))]
     if config.gpu.worker == "process" and not config.gpu.endpoint:
         from rtserver.server.split import supervise_split
@@ -86,7 +88,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from rtserver.worker.proc import run_worker
 
     config = _config(args, **{"gpu.endpoint": args.endpoint})
-    _setup_logging(config.server.log_level)
+    _setup_logging(config.server.log_level, config.server.log_format)
     return int(_run(run_worker(config, on_ready=notify_ready)))
 
 
@@ -102,7 +104,7 @@ def cmd_say(args: argparse.Namespace) -> int:
                                            voice=args.voice, token=args.token))
     else:
         config = _config(args)
-        _setup_logging(args.log_level or "warning")
+        _setup_logging(args.log_level or "warning", config.server.log_format)
         result = _run(speak_in_process(config, text, sample_rate=args.sample_rate,
                                        progress=lambda m: print(f"rtserver: {m}",
                                                                 file=sys.stderr)))

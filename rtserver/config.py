@@ -78,6 +78,9 @@ class ServerConfig:
     fd_margin: int = 256
     web_root: str = ""  # empty: the packaged web_demo/ folder
     log_level: str = "info"
+    # "text": one line per record; "json": one JSON object per line (ts, level,
+    # logger, message, request_id, exc), for log collectors (rtserver/logs.py).
+    log_format: str = "text"
     # Bind with SO_REUSEPORT so several processes share the port (the kernel
     # spreads connections); such a process listens only once warmed up.
     reuse_port: bool = False
@@ -367,6 +370,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     if s.overload_after_s <= 0:
         raise ConfigError("server.overload_after_s must be > 0")
+    if s.log_format not in ("text", "json"):
+        raise ConfigError(f"server.log_format {s.log_format!r}: 'text' or 'json'")
     for name in ("max_queued_messages", "messages_per_s", "message_burst"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"server.{name} must be > 0")

@@ -22,6 +22,7 @@ from rtserver.server.limits import raise_fd_limit
 from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
 from rtserver.server.process_metrics import attach as attach_process_metrics
+from rtserver.server.request_ids import RequestIdMiddleware
 from rtserver.server.state import AppState
 from rtserver.server.token_api import TokenApi
 from rtserver.server.workers import current as current_worker
@@ -92,8 +93,8 @@ class RtServer:
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
         self._speech = SpeechApi(self.app, cache)
-        asgi = RtAsgi(self.app, self._handle, {**self._speech.handlers(),
-                                               **TokenApi(self.app).handlers()})
+        asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, {
+            **self._speech.handlers(), **TokenApi(self.app).handlers()}))
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,

@@ -26,6 +26,8 @@ would go on quietly at a fraction of its capacity).
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import heapq
 import itertools
 import logging
@@ -135,6 +137,8 @@ class SynthesisPool:
     def submit(self, run: Callable[[], Any], *, first: bool, deadline: float) -> Future[Any]:
         """Queue ``run``; the returned future may be cancelled while queued."""
         future: Future[Any] = Future()
+        # the caller's context variables (its request id for log lines) in the job
+        run = functools.partial(contextvars.copy_context().run, run)
         with self._cond:
             if self.dead is not None:
                 raise EngineDead(f"the synthesis pool is dead: {self.dead}")
