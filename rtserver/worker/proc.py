@@ -52,6 +52,7 @@ from prometheus_client.registry import Collector
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError
+from rtserver.logs import request_scope
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
@@ -154,7 +155,9 @@ class WorkerServer:
                 retry_after_ms=250))
             return
         self.active[family] = self.active.get(family, 0) + 1
-        task = asyncio.create_task(self._run(peer, voice, msg), name=f"request {msg.request_id}")
+        with request_scope(msg.log_id):  # its log lines carry its context's id
+            task = asyncio.create_task(self._run(peer, voice, msg),
+                                       name=f"request {msg.request_id}")
         self._requests[key] = _Request(peer, family, task)
 
     async def _run(self, peer: bytes, voice: Voice, msg: m.Synthesize) -> None:
