@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import wave
 from pathlib import Path
@@ -78,6 +79,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         require_shared_secret(len(plan.gpus), s.api_keys, config.admission.token_secret)
         return Supervisor(child_command(passed), plan, drain_timeout_s=s.drain_timeout_s,
                           url=f"ws://{s.host}:{s.port}/v1/stream").run()
+    if s.reuse_port and s.api_keys and not config.admission.token_secret:
+        # other processes may share the port (this one cannot count them)
+        logging.getLogger("rtserver.server").warning(
+            "reuse_port with API keys but no admission.token_secret: browser tokens minted "
+            "by this process are refused by any other process on the port")
     return int(_run(serve_forever(config)))  # non-zero after an engine died
 
 
