@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
 import msgspec
 from websockets.exceptions import ConnectionClosed
@@ -43,6 +44,7 @@ from rtserver.protocol.messages import (
     encode_server_message,
 )
 from rtserver.protocol.session import (
+    RECENTLY_FINISHED,
     CancelContext,
     CloseConnection,
     EndContext,
@@ -88,6 +90,8 @@ class Connection:
         # the client's ``start.request_id`` or "<connection's>-<n>"
         self.request_id = current_request_id() or new_request_id()
         self._rids: dict[str, str] = {}
+        # finished contexts' ids, for the replies a late cancel still gets
+        self._recent_rids: OrderedDict[str, str] = OrderedDict()
         self._opened = 0
         self.outbox.stamp = self._stamp
 
@@ -232,6 +236,7 @@ class Connection:
                 self._reply(error_message(err))
                 return
             self._rids[start.context] = rid
+            self._recent_rids.pop(start.context, None)
             self.outbox.put_control(Started(
                 context=start.context, stream=action.stream, format=start.format,
                 sample_rate=start.sample_rate, frame_ms=start.frame_ms,
@@ -258,7 +263,11 @@ class Connection:
         """The context is over (done sent, failed or cancelled): free its name."""
         ctx = self.live.pop(context, None)
         if ctx is not None:
-            self._rids.pop(context, None)
+            rid = self._rids.pop(context, None)
+            if rid is not None:
+                self._recent_rids[context] = rid
+                while len(self._recent_rids) > RECENTLY_FINISHED:
+                    self._recent_rids.popitem(last=False)
             self.session.context_finished(context, ctx.ledger.last_sent_seq)
 
     def _stamp(self, message: ServerMessage, context: str | None) -> ServerMessage:
@@ -267,7 +276,8 @@ class Connection:
         if not isinstance(message, _CARRY_ID) or message.request_id is not None:
             return message
         name = context if context is not None else getattr(message, "context", None)
-        rid = (self._rids.get(name) if name is not None else None) or self.request_id
+        rid = (self._rids.get(name) or self._recent_rids.get(name) if name is not None
+               else None) or self.request_id
         return msgspec.structs.replace(message, request_id=rid)
 
     # --- writing ---------------------------------------------------------------

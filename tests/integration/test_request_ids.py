@@ -14,7 +14,14 @@ import pytest
 from websockets.asyncio.client import connect
 
 from rtserver.logs import handler
-from rtserver.protocol.messages import Done, ErrorMessage, Ready, Started, parse_server_message
+from rtserver.protocol.messages import (
+    Cancelled,
+    Done,
+    ErrorMessage,
+    Ready,
+    Started,
+    parse_server_message,
+)
 from rtserver.testing.server_thread import ServerThread
 from rtserver.testing.wait import wait_until
 from tests.integration.util import http, until
@@ -83,11 +90,14 @@ async def test_websocket_ids_in_messages_and_log_lines(
         started = await until(ws, Started, context="a")
         done = await until(ws, Done, context="a")
         assert started.request_id == done.request_id == "llm-91"
+        await ws.send(json.dumps({"type": "cancel", "context": "a"}))  # late: after done
+        assert (await until(ws, Cancelled, context="a")).request_id == "llm-91"
         # none given: one made from the connection's
         await ws.send(json.dumps({"type": "start", "context": "b"}))
         made = (await until(ws, Started, context="b")).request_id
         assert made == "conn-5-2"
         await ws.send(json.dumps({"type": "cancel", "context": "b"}))
+        assert (await until(ws, Cancelled, context="b")).request_id == "conn-5-2"
         # errors: a refused start echoes its id; a bad message the connection's
         await ws.send(json.dumps({"type": "start", "context": "c", "voice": "nope",
                                   "request_id": "llm-92"}))
