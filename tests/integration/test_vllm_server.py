@@ -115,6 +115,53 @@ def test_the_dashboards_engine_metrics_are_served(orpheus_server: ServerThread) 
     assert wanted and not wanted - names, sorted(wanted - names)
 
 
+@pytest.mark.parametrize("fault", ["oom", "error"])
+async def test_a_fault_in_a_request_fails_its_context_and_vllm_goes_on(
+        orpheus_server: ServerThread, fault: str) -> None:
+    """A request that fails after its first output (injected into vLLM's
+    ``AsyncLLM.generate`` of the running server: an out-of-memory error or
+    another) fails that context with ``engine_failed``; vLLM is not dead, so
+    the next context speaks, ``/ready`` stays 200 and nothing stays held."""
+    import contextlib
+
+    import torch
+
+    from rtserver.server.guarded import unwrap
+    from rtserver.tools.bench.server_proc import http_get
+
+    assert orpheus_server.server is not None and orpheus_server.server.app is not None
+    engine = unwrap(orpheus_server.server.app.voices["orpheus:tara"]).runtime.engine  # type: ignore[attr-defined]
+    llm = engine._llm
+    real = llm.generate
+    error = (torch.OutOfMemoryError("injected: out of memory") if fault == "oom"
+             else RuntimeError("injected: a step failed"))
+    faults = [error]
+
+    def failing(*args: object, **kwargs: object) -> object:
+        async def outputs() -> object:
+            async with contextlib.aclosing(real(*args, **kwargs)) as stream:  # aborts it
+                async for out in stream:
+                    yield out
+                    if faults:
+                        raise faults.pop()
+        return outputs()
+
+    llm.generate = failing
+    try:
+        async with RtClient.connect(orpheus_server.url) as client:
+            failed = await client.say("Hello there.", voice="orpheus:tara")
+            assert failed.error is not None and failed.error.code == "engine_failed"
+            assert "injected" in failed.error.message
+            assert (await client.say("Hello again.", voice="orpheus:tara")).ok
+    finally:
+        del llm.generate
+    assert http_get(orpheus_server.http + "/ready")[0] == 200
+    assert engine.dead_reason() is None
+    await wait_until_async(
+        lambda: metric(orpheus_server, "rtserver_engine_in_flight_requests") == 0,
+        "no vLLM request is held")
+
+
 async def test_zz_a_killed_engine_core_takes_the_voice_down(
         orpheus_server: ServerThread) -> None:
     """Last in the module (it kills the engine): vLLM's engine core process
