@@ -9,6 +9,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
@@ -109,3 +110,31 @@ async def test_websocket_ids_in_messages_and_log_lines(
     wait_until(lambda: any(r["request_id"] == "llm-91" and r["message"].startswith("context done")
                            for r in records(json_log)),
                "context a's summary line, with its id")
+
+
+async def test_serve_log_format_json_writes_json_lines_with_ids(tmp_path: Path) -> None:
+    """``rtserver serve --log-format json``: its log lines are JSON objects,
+    and a context's summary line carries the context's request id."""
+    from rtserver.tools.bench.server_proc import free_port, rtserver_command, spawn
+
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    server = spawn(rtserver_command(port, None, ["--log-format", "json"]), port, log_path)
+    try:
+        async with connect(server.url, compression=None) as ws:
+            await ws.recv()  # ready
+            await ws.send(json.dumps({"type": "start", "context": "a", "request_id": "j-1"}))
+            await ws.send(json.dumps({"type": "text", "context": "a", "text": "Hi."}))
+            await ws.send(json.dumps({"type": "end", "context": "a"}))
+            await until(ws, Done, context="a")
+
+        def summary() -> dict[str, str] | None:
+            lines = [json.loads(line) for line in log_path.read_text().splitlines()
+                     if line.startswith("{")]
+            return next((r for r in lines if r["message"].startswith("context done")), None)
+
+        line = wait_until(summary, "the context's summary line in the log")
+        assert line["request_id"] == "j-1" and line["logger"] == "rtserver.context"
+        assert line["level"] == "INFO" and line["ts"].endswith("+00:00")
+    finally:
+        server.stop()
