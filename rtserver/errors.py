@@ -49,6 +49,8 @@ class RtError(Exception):
         self.message = message
         self.context = context
         self.retry_after_ms = retry_after_ms
+        # the id of the request or context it is about (echoed in the error)
+        self.request_id: str | None = None
 
 
 class BadMessage(RtError):

@@ -375,6 +375,17 @@ class VllmEngine:
     def healthy(self) -> bool:
         return self._llm is not None and self._dead is None and not self._llm.errored
 
+    def dead_reason(self) -> str | None:
+        """Why vLLM is gone for good (a request saw ``EngineDeadError``, or its
+        engine core process died: ``AsyncLLM.errored``, which vLLM's monitor
+        of the core's process sets with no request in flight), else None."""
+        if self._dead is not None:
+            return f"vLLM died: {type(self._dead).__name__}: {self._dead}"
+        llm = self._llm
+        if llm is not None and llm.errored:
+            return "vLLM's engine core died"
+        return None
+
     # requests --------------------------------------------------------------
 
     def sampling_params(self, request: TokenRequest) -> SamplingParams:

@@ -33,6 +33,15 @@ AUDIO_FORMATS: tuple[str, ...] = ("opus", "pcm_s16le")
 SAMPLE_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)
 FRAME_MS: tuple[int, ...] = (10, 20, 40, 60)
 MAX_CONTEXT_ID_CHARS = 64
+# A request id (``X-Request-Id``, ``start.request_id``): what headers, JSON and
+# log lines carry as is.
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID = re.compile(rf"[A-Za-z0-9._:/+=@-]{{1,{MAX_REQUEST_ID_CHARS}}}")
+
+
+def valid_request_id(value: str) -> bool:
+    """1-128 characters, each a letter, digit or one of ``._:/+=@-``."""
+    return _REQUEST_ID.fullmatch(value) is not None
 
 
 # --- client -> server -------------------------------------------------------
@@ -44,6 +53,7 @@ class Start:
     format: str = "opus"
     sample_rate: int = 48000
     frame_ms: int = 20
+    request_id: str | None = None  # the client's id for this context (PROTOCOL-EXTENSIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +115,7 @@ class Ready(_ServerMessage, frozen=True, kw_only=True, tag="ready"):
     limits: Limits
     default_voice: str = ""
     protocol: int = PROTOCOL_VERSION
+    request_id: str | None = None  # the connection's (its handshake's X-Request-Id)
 
 
 class Started(_ServerMessage, frozen=True, kw_only=True, tag="started"):
@@ -117,6 +128,7 @@ class Started(_ServerMessage, frozen=True, kw_only=True, tag="started"):
     pre_skip: int = 0
     voice: str = ""
     channels: int = 1
+    request_id: str | None = None
 
 
 class SegmentStarted(_ServerMessage, frozen=True, kw_only=True, tag="segment"):
@@ -143,12 +155,14 @@ class Done(_ServerMessage, frozen=True, kw_only=True, tag="done"):
     audio_ms: float
     ttfa_ms: float | None = None
     spoken_text: str = ""
+    request_id: str | None = None
 
 
 class Cancelled(_ServerMessage, frozen=True, kw_only=True, tag="cancelled"):
     type: ClassVar[str] = "cancelled"
     context: str
     last_seq: int  # -1 when no frame was ever sent
+    request_id: str | None = None
 
 
 class ErrorMessage(_ServerMessage, frozen=True, kw_only=True, tag="error"):
@@ -157,6 +171,7 @@ class ErrorMessage(_ServerMessage, frozen=True, kw_only=True, tag="error"):
     message: str = ""
     context: str | None = None
     retry_after_ms: int | None = None
+    request_id: str | None = None
 
 
 ServerMessage = Ready | Started | SegmentStarted | BufferHint | Done | Cancelled | ErrorMessage
@@ -242,6 +257,14 @@ def _context(obj: dict[str, Any]) -> str:
     return ctx
 
 
+def _request_id(obj: dict[str, Any]) -> str | None:
+    rid: str | None = _field(obj, "request_id", str, required=False)
+    if rid is not None and not valid_request_id(rid):
+        raise BadMessage(f"'request_id' must be 1-{MAX_REQUEST_ID_CHARS} letters, digits or "
+                         "._:/+=@-", context=_context_of(obj))
+    return rid
+
+
 def _reject_constant(name: str) -> Any:
     raise BadMessage(f"not JSON: {name} is not a JSON number")
 
@@ -294,6 +317,7 @@ def parse_client_message(data: str) -> ClientMessage:
             format=_field(obj, "format", str, required=False, default="opus"),
             sample_rate=_field(obj, "sample_rate", int, required=False, default=48000),
             frame_ms=_field(obj, "frame_ms", int, required=False, default=20),
+            request_id=_request_id(obj),
         )
     if kind == "text":
         return Text(context=_context(obj), text=_field(obj, "text", str))
@@ -361,6 +385,7 @@ __all__ = [
     "AUDIO_FORMATS",
     "FRAME_MS",
     "MAX_CONTEXT_ID_CHARS",
+    "MAX_REQUEST_ID_CHARS",
     "PROTOCOL_VERSION",
     "SAMPLE_RATES",
     "SERVER_MESSAGE_TYPES",
@@ -386,4 +411,5 @@ __all__ = [
     "encode_server_message",
     "parse_client_message",
     "parse_server_message",
+    "valid_request_id",
 ]

@@ -187,7 +187,11 @@ class Session:
 
     def _handle(self, message: ClientMessage) -> list[Action]:
         if isinstance(message, Start):
-            return self._start(message)
+            try:
+                return self._start(message)
+            except RtError as err:  # a refused start echoes its request id
+                err.request_id = err.request_id or message.request_id
+                raise
         ctx = message.context
         if isinstance(message, Cancel):
             entry = self._contexts.get(ctx)
@@ -276,7 +280,7 @@ class Session:
 def error_message(err: RtError) -> ErrorMessage:
     """The one place an RtError becomes a protocol ``error`` message."""
     return ErrorMessage(code=err.code.value, message=err.message, context=err.context,
-                        retry_after_ms=err.retry_after_ms)
+                        retry_after_ms=err.retry_after_ms, request_id=err.request_id)
 
 
 def close_for(err: RtError) -> CloseConnection | None:

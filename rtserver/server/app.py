@@ -22,6 +22,7 @@ from rtserver.server.limits import raise_fd_limit
 from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
 from rtserver.server.process_metrics import attach as attach_process_metrics
+from rtserver.server.request_ids import RequestIdMiddleware
 from rtserver.server.state import AppState
 from rtserver.server.token_api import TokenApi
 from rtserver.server.workers import current as current_worker
@@ -45,6 +46,7 @@ class RtServer:
         self._speech: SpeechApi | None = None
         self._encode_pool: ThreadPoolExecutor | None = None
         self._process_metrics = ProcessMetrics()
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -66,6 +68,7 @@ class RtServer:
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
         app = self.app
+        self._watch = asyncio.create_task(self._watch_engines(), name="engine-watch")
         self._process_metrics = attach_process_metrics(
             app.metrics.registry, self.config, ready=lambda: app.is_ready()[0])
         if s.reuse_port:
@@ -90,8 +93,8 @@ class RtServer:
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
         self._speech = SpeechApi(self.app, cache)
-        asgi = RtAsgi(self.app, self._handle, {**self._speech.handlers(),
-                                               **TokenApi(self.app).handlers()})
+        asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, {
+            **self._speech.handlers(), **TokenApi(self.app).handlers()}))
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
@@ -103,6 +106,21 @@ class RtServer:
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])
         self._server = server
+
+    async def _watch_engines(self) -> None:
+        """Poll every family's engine probe (``VoiceSet.dead``): an engine that
+        dies with no request in flight (a crashed loop, a killed engine
+        process) takes its voices down and ends the process all the same."""
+        assert self.app is not None and self.voice_set is not None
+        while True:
+            try:
+                dead = self.voice_set.dead()
+            except Exception:  # a probe's bug must not end the watch
+                log.exception("reading the engines' health failed")
+                dead = {}
+            for voice, why in dead.items():
+                self.app.engine_gone(voice, why)
+            await asyncio.sleep(ENGINE_WATCH_S)
 
     async def _handle(self, ws: AsgiWebSocket) -> None:
         assert self.app is not None
@@ -160,6 +178,11 @@ class RtServer:
             self._sock.close()
 
     async def _release(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
         self._process_metrics.close()
         if self.voice_set is not None:
             await self.voice_set.close()
@@ -233,5 +256,7 @@ async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaita
 
 
 # Exit status after an engine died (EX_SOFTWARE of sysexits.h): not 0, so a
-# supervisor or orchestrator restarts the process.
+# supervisor or orchestrator restarts the process (docs/DEPLOY.md, exit codes).
 ENGINE_DEAD_EXIT = 70
+# How often the engines' probes are read: a death is acted on within this.
+ENGINE_WATCH_S = 0.25

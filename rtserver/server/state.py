@@ -14,6 +14,7 @@ from rtserver.config import Config
 from rtserver.core import ServerLoad, SpeechCore, VoiceStats
 from rtserver.metrics import Metrics
 from rtserver.protocol.messages import Limits, Ready
+from rtserver.server.breaker import BreakerState
 from rtserver.server.gate import Gate, VoiceHealth
 from rtserver.server.guarded import GuardedVoice
 from rtserver.server.workers import current as current_worker
@@ -82,10 +83,21 @@ class AppState:
             return False, "warming up"
         return self.gate.ready(self.clock.now())
 
-    def _engine_died(self, voice: str, exc: BaseException) -> None:
+    def _engine_died(self, voice: str, exc: BaseException | str) -> None:
         log.critical("the engine of voice %s died (%s): draining, then exiting non-zero "
                      "so that the orchestrator restarts this process", voice, exc)
         self.engine_dead.set()
+
+    def engine_gone(self, voice: str, why: str) -> None:
+        """The engine behind ``voice`` is gone for good (its family's probe
+        says so, with or without a request in flight): the voice is down for
+        good (``/ready`` 503, new contexts ``engine_failed``) and the server
+        drains and exits ``ENGINE_DEAD_EXIT``. Once per voice."""
+        breaker = self.gate.breakers.get(voice)
+        if breaker is not None and breaker.state is BreakerState.DEAD:
+            return
+        self.gate.voice_failed(voice, self.clock.now(), why, dead=True)
+        self._engine_died(voice, why)
 
     @property
     def load(self) -> ServerLoad:

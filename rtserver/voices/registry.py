@@ -66,6 +66,10 @@ class FamilyVoices:
     collectors: list[Collector] = field(default_factory=list)  # Prometheus, engine stats
     # after its voices are closed: what the family shares (thread pools)
     release: Callable[[], Awaitable[None]] | None = None
+    # why the engine (or thread pool) its voices share is gone for good, None
+    # while it runs; the server polls it (``VoiceSet.dead``), so a death is seen
+    # with no request in flight
+    engine_dead: Callable[[], str | None] | None = None
 
 
 # loader(specs, the family's section (None without one), [voice], progress)
@@ -170,6 +174,17 @@ class VoiceSet:
     releases: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # each configured spec -> the name of its voice
     by_spec: dict[str, str] = field(default_factory=dict)
+    # voice name -> its family's ``engine_dead`` probe
+    probes: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+
+    def dead(self) -> dict[str, str]:
+        """The voices whose engine is gone for good, with why."""
+        out: dict[str, str] = {}
+        for name, probe in self.probes.items():
+            why = probe()
+            if why is not None:
+                out[name] = why
+        return out
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
@@ -207,6 +222,8 @@ async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
                 if vname in voices:
                     raise ConfigError(f"voice {vname} is configured twice")
                 voices[vname] = voice
+                if loaded.engine_dead is not None:
+                    out.probes[vname] = loaded.engine_dead
             by_spec.update(loaded.by_spec)
         names = [by_spec[s] for s in specs]
         if len(set(names)) != len(names):

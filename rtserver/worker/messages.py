@@ -46,6 +46,9 @@ class Synthesize(msgspec.Struct, frozen=True, kw_only=True, tag="synthesize"):
     first: bool = False
     deadline: float | None = None  # CLOCK_MONOTONIC
     want_marks: bool = False  # send back when the model's first output came
+    # the request id of the context it speaks for (rtserver.logs): the
+    # worker's log lines about it carry it too
+    log_id: str | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):

@@ -23,7 +23,8 @@ Its contract with front ends (``messages``):
   failed to a silent one, which may still be listening).
 - It never waits for a front end: sends do not block; a front end whose
   queue is full (``SNDHWM``) fails that request with ``overloaded``.
-- A voice whose engine died (``EngineDead``) fails its request and the
+- A voice whose engine died (``EngineDead``, or its family's probe says so
+  with no request in flight: ``VoiceSet.dead``, polled) fails its request and the
   process exits ``ENGINE_DEAD_EXIT`` (the others fail as front ends see the
   socket close); the supervisor restarts it.
 """
@@ -51,6 +52,7 @@ from prometheus_client.registry import Collector
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError
+from rtserver.logs import request_scope
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
@@ -67,6 +69,8 @@ SEND_HWM = 120_000
 CLOSE_LINGER_MS = 1000
 # Exit status after an engine died (as the server's, rtserver.server.app).
 ENGINE_DEAD_EXIT = 70
+# How often the engines' probes are read.
+ENGINE_WATCH_S = 0.25
 
 
 class PeerGone(Exception):
@@ -85,8 +89,10 @@ class WorkerServer:
 
     def __init__(self, voices: Mapping[str, Voice], *, by_spec: Mapping[str, str], default: str,
                  capacity: Mapping[str, int], config: GpuConfig,
-                 send_hwm: int = SEND_HWM) -> None:
+                 send_hwm: int = SEND_HWM,
+                 dead: Callable[[], Mapping[str, str]] = dict) -> None:
         self.voices = dict(voices)
+        self._dead = dead  # voice -> why its engine is gone for good (VoiceSet.dead)
         self.send_hwm = send_hwm
         self.config = config
         self.epoch = uuid.uuid4().hex[:12]
@@ -149,7 +155,9 @@ class WorkerServer:
                 retry_after_ms=250))
             return
         self.active[family] = self.active.get(family, 0) + 1
-        task = asyncio.create_task(self._run(peer, voice, msg), name=f"request {msg.request_id}")
+        with request_scope(msg.log_id):  # its log lines carry its context's id
+            task = asyncio.create_task(self._run(peer, voice, msg),
+                                       name=f"request {msg.request_id}")
         self._requests[key] = _Request(peer, family, task)
 
     async def _run(self, peer: bytes, voice: Voice, msg: m.Synthesize) -> None:
@@ -255,6 +263,19 @@ class WorkerServer:
             for peer, failed in owed:
                 self._send_failed(peer, failed)
 
+    async def _watch_engines(self) -> None:
+        """An engine that dies with no request in flight ends the worker too."""
+        while not self.engine_dead.is_set():
+            try:
+                dead = self._dead()
+            except Exception:  # a probe's bug must not end the watch
+                log.exception("reading the engines' health failed")
+                dead = {}
+            for voice, why in dead.items():
+                log.critical("voice %s: its engine died (%s); the worker exits", voice, why)
+                self.engine_dead.set()
+            await asyncio.sleep(ENGINE_WATCH_S)
+
     async def serve(self, endpoint: str, stop: asyncio.Event,
                     on_listening: Callable[[], None] = lambda: None) -> int:
         """Bind ``endpoint`` and serve until ``stop`` (0) or an engine died
@@ -268,6 +289,7 @@ class WorkerServer:
         self._sock = sock
         on_listening()
         janitor = asyncio.create_task(self._janitor())
+        watch = asyncio.create_task(self._watch_engines())
         stopping = asyncio.create_task(stop.wait())
         dead = asyncio.create_task(self.engine_dead.wait())
         try:
@@ -289,7 +311,7 @@ class WorkerServer:
                     if len(frames) == 2:
                         self._handle(frames[0], frames[1])
         finally:
-            for task in (janitor, stopping, dead):
+            for task in (janitor, watch, stopping, dead):
                 task.cancel()
             tasks = [r.task for r in self._requests.values()]
             for task in tasks:
@@ -337,7 +359,7 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
         server = WorkerServer(voice_set.voices, by_spec=voice_set.by_spec,
                               default=voice_set.default,
                               capacity={f: capacity_of(config, f) for f in families},
-                              config=config.gpu)
+                              config=config.gpu, dead=voice_set.dead)
 
         metrics = serve_metrics(config, voice_set, server)
 

@@ -55,6 +55,7 @@ from rtserver.errors import (
     RtError,
     UnknownVoice,
 )
+from rtserver.logs import current_request_id
 from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
@@ -351,7 +352,8 @@ class RemoteVoice:
             request.deadline - clock.now() + time.monotonic()
         msg = m.Synthesize(request_id=request.request_id, voice=self._info.name,
                            text=request.text, first=request.first, deadline=deadline,
-                           want_marks=request.marks is not None)
+                           want_marks=request.marks is not None,
+                           log_id=current_request_id())
         with self.link.request(msg) as stream:
             while True:
                 item = await stream.get()

@@ -109,9 +109,13 @@ def test_configmap_is_a_config_rtserver_accepts(
         tmp_path: Path) -> None:
     path = tmp_path / "rtserver.toml"
     path.write_text(rendered[variant]["ConfigMap"]["data"]["rtserver.toml"])
-    config = load_config(path, env={"RTSERVER_SERVER_API_KEYS": "a,b"})
+    secret = rendered[variant]["Secret"]
+    token_secret = secret["stringData"]["token-secret"]
+    config = load_config(path, env={"RTSERVER_SERVER_API_KEYS": "a,b",
+                                    "RTSERVER_ADMISSION_TOKEN_SECRET": token_secret})
     assert config.server.host == "0.0.0.0"
     assert config.server.api_keys == ("a", "b")  # how the Secret reaches the server
+    assert config.admission.token_secret == token_secret  # the same in every replica
     c = container(rendered[variant])
     assert c["args"] == ["serve", "--config", "/etc/rtserver/rtserver.toml"]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
@@ -119,10 +123,10 @@ def test_configmap_is_a_config_rtserver_accepts(
     port = next(p for p in c["ports"] if p["name"] == "http")
     assert port["containerPort"] == config.server.port
     env = {e["name"]: e for e in c["env"]}
-    ref = env["RTSERVER_SERVER_API_KEYS"]["valueFrom"]["secretKeyRef"]
-    secret = rendered[variant]["Secret"]
-    assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
-    assert "placeholder" in secret["stringData"][ref["key"]].lower()
+    for name in ("RTSERVER_SERVER_API_KEYS", "RTSERVER_ADMISSION_TOKEN_SECRET"):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+        assert "placeholder" in secret["stringData"][ref["key"]].lower()
 
 
 @pytest.mark.parametrize("variant", sorted(KUSTOMIZATIONS))

@@ -40,7 +40,8 @@ async def _load_family(specs: Sequence[str], section: object, settings: VoiceSet
         voices={v.info.name: v for v in voices}, by_spec=by_spec,
         warm_up_via=[runtime.voice(speakers[specs[0]])],
         collectors=[EngineCollector(runtime.engine.stats, engine="vllm",
-                                    extra_counters=runtime.counters)])
+                                    extra_counters=runtime.counters)],
+        engine_dead=getattr(runtime.engine, "dead_reason", None))
 
 
 FAMILY = VoiceFamily(
