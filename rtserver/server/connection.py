@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.core import AudioFrames, Finished, SpeechContext
+from rtserver.core.heard import FirstHeard
 from rtserver.errors import (
     CloseCode,
     ControlFlood,
@@ -33,6 +35,7 @@ from rtserver.errors import (
 from rtserver.metrics import REJECT_REASONS
 from rtserver.protocol.messages import ErrorMessage, ServerMessage, Started, encode_server_message
 from rtserver.protocol.session import (
+    RECENTLY_FINISHED,
     CancelContext,
     CloseConnection,
     EndContext,
@@ -69,6 +72,8 @@ class Connection:
             voice_aliases=app.voice_aliases, families=app.families)
         self.outbox = Outbox(capacity_ms=cfg.send_queue_ms)
         self.live: dict[str, SpeechContext] = {}
+        # finished contexts whose listener has not reported hearing them yet
+        self._heard: OrderedDict[str, FirstHeard] = OrderedDict()
         self.key = client_key(ws, app)  # whose rate limits this connection counts against
         self._pace = MessagePace(cfg, app.clock.now())
         self._tasks: set[asyncio.Task[None]] = set()
@@ -162,9 +167,7 @@ class Connection:
         elif isinstance(action, CancelContext):
             await self._cancel(action.context)
         elif isinstance(action, ListenerProgress):
-            ctx = self.live.get(action.context)
-            if ctx is not None:
-                ctx.heard_ms = action.audio_ms
+            self._played(action)
         elif isinstance(action, CloseConnection):
             raise _Closing(action)
 
@@ -196,7 +199,7 @@ class Connection:
         start = action.start
         try:
             self.app.gate.start(self.key, action.voice, self.app.clock.now(), start.context,
-                                lambda: self.app.core.predicted_first_heard_ms(
+                                lambda: self.app.core.admission_first_heard_ms(
                                     start, action.voice))
         except RtError as err:  # refused: it was never open
             self.session.forget(start.context)
@@ -235,6 +238,20 @@ class Connection:
         ctx = self.live.pop(context, None)
         if ctx is not None:
             self.session.context_finished(context, ctx.ledger.last_sent_seq)
+            if ctx.first_heard.waiting:  # its listener's first `played` is still to come
+                self._heard[context] = ctx.first_heard
+                while len(self._heard) > RECENTLY_FINISHED:
+                    self._heard.popitem(last=False)
+
+    def _played(self, action: ListenerProgress) -> None:
+        """A listener's report: the first of each context measures first heard audio."""
+        ctx = self.live.get(action.context)
+        if ctx is not None:
+            ctx.played(action.audio_ms)
+            return
+        heard = self._heard.pop(action.context, None)
+        if heard is not None:
+            heard.played(action.audio_ms, self.app.clock.now())
 
     # --- writing ---------------------------------------------------------------
 
