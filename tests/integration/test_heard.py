@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from rtserver.client import AudioFrames, RtClient
+import pytest
+
+from rtserver.client import AudioFrames, RtClient, ServerError
 from rtserver.testing.server_thread import ServerThread
 from rtserver.testing.wait import wait_until_async
 
@@ -61,3 +63,32 @@ async def test_a_played_after_done_still_counts(server: ServerThread) -> None:
         await ctx.played(20.0)
         await wait_until_async(lambda: heard_metric(server)[0] >= count0 + 1,
                                "a report after done observed")
+
+
+async def test_admission_refuses_when_listeners_hear_later_than_predicted() -> None:
+    """The voice's listeners have been hearing first audio a second later than
+    the model predicts (as their `played` would show): a start the plain
+    prediction admits is refused."""
+    srv = ServerThread.with_settings(admission={"first_heard_target_ms": 1000}).start()
+    try:
+        app = srv.server.app if srv.server is not None else None
+        assert app is not None
+        async with RtClient.connect(srv.url) as client:
+            assert (await client.say("Warm the rates up.")).ok
+            ctx = await client.start("admitted")
+            await ctx.send_text("Fine.")
+            await ctx.end()
+            assert (await ctx.collect()).ok
+            heard = app.voice_stats[VOICE].heard
+
+            def late_listeners() -> None:  # the correction saturates at +1 s
+                for _ in range(100):
+                    heard.observe(100.0, 100.0 + 1000.0)
+
+            srv.call(late_listeners)
+            with pytest.raises(ServerError) as info:
+                await client.start("refused")
+            assert info.value.error.code == "overloaded"
+            assert info.value.error.retry_after_ms is not None
+    finally:
+        srv.stop()
