@@ -180,8 +180,10 @@ class Speaker:
         segment's expected audio (its measured audio per character)."""
         audio_s = len(seg.text) * self.stats.audio_ms_per_char / 1000.0
         start_s = self._voice_samples / self.voice.info.sample_rate
-        self.sink.control(timed_words(self.start.context, seg, estimated_times(seg.text, audio_s),
-                                      start_s, timing="estimated"))
+        times = estimated_times(seg.text, audio_s)
+        if times:
+            self.sink.control(timed_words(self.start.context, seg, times, start_s,
+                                          timing="estimated"))
 
     # --- hints -----------------------------------------------------------------
 

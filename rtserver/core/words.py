@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rtserver.audio.pcm import WordTime
-from rtserver.protocol.messages import Words, WordSpan
+from rtserver.protocol.messages import Words, WordSpan, WordTiming
 from rtserver.text.segmenter import Segment
 from rtserver.text.words import text_words
 
@@ -44,16 +44,15 @@ def word_source(seg: Segment, start_char: int, end_char: int) -> tuple[int, int]
 
 
 def timed_words(context: str, seg: Segment, times: Iterable[WordTime], start_s: float, *,
-                timing: str) -> Words:
+                timing: WordTiming) -> Words:
     """The ``words`` event of ``times`` (from the segment's first sample),
     the segment starting ``start_s`` into the context's audio."""
-    return Words(context=context, segment=seg.index, timing="model" if timing == "model"
-                 else "estimated", words=tuple(
-                     WordSpan(text=seg.text[w.start_char:w.end_char],
-                              start_ms=round(1000.0 * (start_s + w.start_s), 1),
-                              end_ms=round(1000.0 * (start_s + w.end_s), 1),
-                              source=word_source(seg, w.start_char, w.end_char))
-                     for w in times))
+    return Words(context=context, segment=seg.index, timing=timing, words=tuple(
+        WordSpan(text=seg.text[w.start_char:w.end_char],
+                 start_ms=round(1000.0 * (start_s + w.start_s), 1),
+                 end_ms=round(1000.0 * (start_s + w.end_s), 1),
+                 source=word_source(seg, w.start_char, w.end_char))
+        for w in times))
 
 
 def estimated_times(text: str, audio_s: float) -> list[WordTime]:

@@ -332,11 +332,16 @@ class PiperVoice:
         sentence, head = self._front_and_first(sentences[0], marks, first, deadline, clock)
         return sentence, head, sentences[1:], words
 
-    def _word_plan(self, text: str, sentences: list[list[str]]) -> WordPlan:
-        """Which phonemes each word of ``text`` is spoken with (``words``)."""
+    def _word_plan(self, text: str, sentences: list[list[str]]) -> WordPlan | None:
+        """Which phonemes each word of ``text`` is spoken with (``words``);
+        None (no word times, the audio goes on) if that fails."""
         def alone(word: str) -> list[str]:
             return [p for s in self._piper.phonemize(word) for p in s]
-        return WordPlan.of(text, sentences, alone)
+        try:
+            return WordPlan.of(text, sentences, alone)
+        except Exception as exc:  # word times are not worth a segment's audio
+            log.warning("Piper word times skipped for a segment: %s", exc)
+            return None
 
     def _words(self, plan: WordPlan | None, index: int, sentence: _Sentence, offset: int
                ) -> tuple[WordTime, ...]:
