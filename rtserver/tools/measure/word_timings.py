@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import itertools
 import json
@@ -43,11 +44,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from rtserver.protocol.messages import SegmentStarted, Start, Words, WordSpan
+
+if TYPE_CHECKING:
+    from rtserver.core import SpeechCore
 
 TOLERANCE_MS = 60.0
 SEARCH_MS = 250.0
@@ -197,6 +202,8 @@ class Spoken:
     words: tuple[Words, ...]
     segments: tuple[SegmentStarted, ...]
     frame_ms: int
+    # each word of ``model_words`` with a spoken length, spoken alone (``forced``)
+    alone: tuple[npt.NDArray[np.float32], ...] = ()
 
     @property
     def model_words(self) -> list[WordSpan]:
@@ -206,12 +213,11 @@ class Spoken:
         return char_spread(self.segments, self.frame_ms, 1000.0 * len(self.pcm) / self.rate)
 
 
-async def speak_corpus(texts: Sequence[str]) -> list[Spoken]:
-    """Each text through the speech core with the embedded Piper voice, as Opus."""
-    from rtserver.client.decode import decode_frames
+async def speak_corpus(texts: Sequence[str], *, alone: bool = True) -> list[Spoken]:
+    """Each text through the speech core with the embedded Piper voice, as
+    Opus; with ``alone`` each of its words too, one context each (``forced``)."""
     from rtserver.config import Config
-    from rtserver.core import AudioFrames, SpeechCore, speak
-    from rtserver.protocol.messages import Done, ErrorMessage
+    from rtserver.core import SpeechCore
     from rtserver.voices.registry import load_voices
 
     config = Config()
@@ -221,31 +227,140 @@ async def speak_corpus(texts: Sequence[str]) -> list[Spoken]:
                           hint_config=config.hints, opus_config=config.opus)
         out: list[Spoken] = []
         for i, text in enumerate(texts):
-            start = Start(context=f"w{i}", format="opus", sample_rate=48000, frame_ms=20)
-            frames: list[bytes] = []
-            words: list[Words] = []
-            segments: list[SegmentStarted] = []
-            async with speak(core, start) as stream:
-                pre_skip = stream.context.framer.pre_skip
-                stream.feed(text)
-                stream.end()
-                async for event in stream.events():
-                    if isinstance(event, AudioFrames):
-                        frames.extend(event.frames)
-                    elif isinstance(event, Words):
-                        words.append(event)
-                    elif isinstance(event, SegmentStarted):
-                        segments.append(event)
-                    elif isinstance(event, ErrorMessage):
-                        raise RuntimeError(f"{event.code}: {event.message}")
-                    elif isinstance(event, Done):
-                        break
-            pcm = decode_frames(frames, format="opus", sample_rate=48000, frame_ms=20,
-                                pre_skip=pre_skip)
-            out.append(Spoken(text, pcm, 48000, tuple(words), tuple(segments), 20))
+            spoken = await _speak(core, f"w{i}", text)
+            if alone:
+                words = [w for w in spoken.model_words if w.end_ms > w.start_ms]
+                parts = [trim((await _speak(core, f"w{i}-{k}", w.text)).pcm, 48000)
+                         for k, w in enumerate(words)]
+                spoken = dataclasses.replace(spoken, alone=tuple(parts))
+            out.append(spoken)
         return out
     finally:
         await voices.close()
+
+
+async def _speak(core: SpeechCore, name: str, text: str) -> Spoken:
+    from rtserver.client.decode import decode_frames
+    from rtserver.core import AudioFrames, speak
+    from rtserver.protocol.messages import Done, ErrorMessage
+
+    start = Start(context=name, format="opus", sample_rate=48000, frame_ms=20)
+    frames: list[bytes] = []
+    words: list[Words] = []
+    segments: list[SegmentStarted] = []
+    async with speak(core, start) as stream:
+        pre_skip = stream.context.framer.pre_skip
+        stream.feed(text)
+        stream.end()
+        async for event in stream.events():
+            if isinstance(event, AudioFrames):
+                frames.extend(event.frames)
+            elif isinstance(event, Words):
+                words.append(event)
+            elif isinstance(event, SegmentStarted):
+                segments.append(event)
+            elif isinstance(event, ErrorMessage):
+                raise RuntimeError(f"{event.code}: {event.message}")
+            elif isinstance(event, Done):
+                break
+    pcm = decode_frames(frames, format="opus", sample_rate=48000, frame_ms=20,
+                        pre_skip=pre_skip)
+    return Spoken(text, pcm, 48000, tuple(words), tuple(segments), 20)
+
+
+# --- forced alignment: the sentence against its words spoken alone ---------------
+
+
+def trim(pcm: npt.NDArray[np.float32], rate: int, floor_db: float = -45.0
+         ) -> npt.NDArray[np.float32]:
+    """``pcm`` without the silence before and after its speech (energy in 10 ms
+    more than ``floor_db`` below its loudest)."""
+    win = max(1, rate // 100)
+    energy = np.convolve(np.asarray(pcm, dtype=np.float64) ** 2, np.ones(win) / win, "same")
+    loud = np.nonzero(energy > energy.max() * 10.0 ** (floor_db / 10.0))[0]
+    return pcm[loud[0]:loud[-1] + 1] if loud.size else pcm
+
+
+def log_mel(pcm: npt.NDArray[np.float32], rate: int, n_mels: int = 40
+            ) -> npt.NDArray[np.float64]:
+    """Log mel energies per ``HOP_MS`` (25 ms Hann windows, 60-7600 Hz),
+    each band normalized over the utterance."""
+    hop = round(rate * HOP_MS / 1000.0)
+    win = round(rate * 0.025)
+    nfft = 1 << (win - 1).bit_length()
+    x = np.asarray(pcm, dtype=np.float64)
+    if len(x) < win:
+        x = np.pad(x, (0, win - len(x)))
+    frames = np.lib.stride_tricks.sliding_window_view(x, win)[::hop] * np.hanning(win)
+    power = np.abs(np.fft.rfft(frames, nfft)) ** 2
+    freqs = np.fft.rfftfreq(nfft, 1.0 / rate)
+    mel = np.linspace(2595 * np.log10(1 + 60 / 700), 2595 * np.log10(1 + 7600 / 700),
+                      n_mels + 2)
+    hz = 700 * (10 ** (mel / 2595) - 1)
+    bank = np.stack([np.clip(np.minimum((freqs - hz[i]) / (hz[i + 1] - hz[i]),
+                                        (hz[i + 2] - freqs) / (hz[i + 2] - hz[i + 1])), 0, None)
+                     for i in range(n_mels)])
+    feats = np.log(power @ bank.T + 1e-8)
+    return np.asarray((feats - feats.mean(0)) / (feats.std(0) + 1e-5))
+
+
+def dtw_path(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> list[tuple[int, int]]:
+    """The cheapest monotone path through ``1 - cos`` distances of ``a``'s
+    frames to ``b``'s (steps right, down, diagonal), as (i, j) pairs."""
+    an = a / (np.linalg.norm(a, axis=1, keepdims=True) + 1e-9)
+    bn = b / (np.linalg.norm(b, axis=1, keepdims=True) + 1e-9)
+    cost = 1.0 - an @ bn.T
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    for i in range(1, n + 1):
+        c = cost[i - 1]
+        enter = np.minimum(acc[i - 1, 1:], acc[i - 1, :-1]) + c  # from above or diagonal
+        # then moves right along the row: cur[j] = min(enter[j], cur[j-1] + c[j]),
+        # a running minimum of enter[k] - sum(c[..k]) plus sum(c[..j])
+        cs = np.cumsum(c)
+        acc[i, 1:] = cs + np.minimum.accumulate(enter - cs)
+    i, j = n, m
+    path: list[tuple[int, int]] = []
+    while i > 0 and j > 0:
+        path.append((i - 1, j - 1))
+        step = int(np.argmin((acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1])))
+        i, j = (i - 1, j - 1) if step == 0 else (i - 1, j) if step == 1 else (i, j - 1)
+    return path[::-1]
+
+
+def forced_boundaries(pcm: npt.NDArray[np.float32], rate: int,
+                      alone: Sequence[npt.NDArray[np.float32]]) -> list[float]:
+    """Where (ms into ``pcm``) each word meets the next, found without the
+    reported times: ``pcm`` aligned (``dtw_path``) with its words spoken
+    alone, one after another, whose joins are known."""
+    joins = np.cumsum([len(w) for w in alone])[:-1] / rate * 1000.0
+    path = dtw_path(log_mel(pcm, rate), log_mel(np.concatenate(alone), rate))
+    rows = np.asarray([i for i, _ in path], dtype=np.float64)
+    cols = np.asarray([j for _, j in path], dtype=np.float64)
+    half = 12.5  # a frame's time is its 25 ms window's centre
+    out: list[float] = []
+    for t in joins:
+        j = (t - half) / HOP_MS
+        near = rows[np.abs(cols - j) <= 0.5]
+        out.append(float(near.mean()) * HOP_MS + half if near.size else float("nan"))
+    return out
+
+
+def forced_checks(words: Sequence[WordSpan], boundaries: Sequence[float]) -> list[BoundaryCheck]:
+    """Each reported boundary (words with a spoken length) against the forced
+    one (``forced_boundaries``, one per pair of those words)."""
+    spoken = [w for w in words if w.end_ms > w.start_ms]
+    if len(spoken) != len(boundaries) + 1:
+        raise ValueError(f"{len(spoken)} words for {len(boundaries)} boundaries")
+    checks: list[BoundaryCheck] = []
+    for (a, b), at in zip(itertools.pairwise(spoken), boundaries, strict=False):
+        if not np.isfinite(at):
+            continue
+        hi = max(a.end_ms, b.start_ms)
+        checks.append(BoundaryCheck(a.text, a.end_ms, b.start_ms, round(at, 1),
+                                    round(max(0.0, a.end_ms - at, at - hi), 1)))
+    return checks
 
 
 def shifted(words: Sequence[WordSpan], ms: float) -> list[WordSpan]:
@@ -292,6 +407,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "char_spread": summarize(run(Spoken.estimated_words, outer=0.5,
                                                 tie_db=0.0))},
         "failed_model": [asdict(c) for c in model if not c.passed],
+    }
+    forced = [forced_boundaries(s.pcm, s.rate, s.alone) for s in spoken]
+
+    def against(words: Callable[[Spoken], Sequence[WordSpan]]) -> list[BoundaryCheck]:
+        return [c for s, b in zip(spoken, forced, strict=True)
+                for c in forced_checks(words(s), b)]
+
+    result["forced"] = {
+        "model": summarize(against(lambda s: s.model_words)),
+        "char_spread": summarize(against(Spoken.estimated_words)),
+        "model_shifted": {f"{ms:+d}": summarize(against(functools.partial(_shifted_model, ms=ms)))
+                          for ms in (-100, -60, 60, 100)},
     }
     text = json.dumps(result, indent=1)
     print(text)
