@@ -24,12 +24,20 @@ inside a word ("pass|port", "sta|tion") is silent. A strict variant, which
 searches between the words' middles and takes the single lowest point, is
 reported beside the check, with the controls below.
 
-Controls, so the figure has something to be compared with (a measurement
+A second witness that does not lean on energy (``forced``): each sentence
+is aligned (DTW over log-mel frames, ``dtw_path``) with its words spoken
+alone by the same voice, trimmed of silence and put one after another; the
+joins of that concatenation are known, so the alignment says where each
+word meets the next in the sentence, from the audio alone. A reported
+boundary passes when that point lies within ``TOLERANCE_MS`` of it.
+
+Controls, so the figures have something to be compared with (a measurement
 that any timing passes would say nothing): the same check on the words
 spread by character count over each segment's actual audio (the estimate a
 client makes with ``rtserver.client.word_times``; the server's own estimate,
 for voices that cannot time words, spreads over the expected audio and can
-only be worse), and on the model's times moved 60 and 100 ms either way.
+only be worse), and on the model's times moved 60 and 100 ms either way;
+for both witnesses.
 """
 
 from __future__ import annotations
