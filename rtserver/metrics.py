@@ -20,6 +20,9 @@ FIRST_AUDIO_STAGES = (
 # First heard audio, ms: the goals are 90-250 ms (DESIGN.md), overload seconds.
 FIRST_HEARD_BUCKETS_MS = (25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 750, 1000, 1500,
                           2000, 3000, 5000, 10000)
+# Time to first heard audio as listeners report it (``played``), seconds.
+HEARD_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+                   10.0)
 # Why a connection, context or message was refused (rtserver_rejected_total).
 REJECT_REASONS = ("rate_limited", "overloaded", "draining", "breaker_open", "origin",
                   "unauthorized", "max_connections", "control_flood")
@@ -68,6 +71,11 @@ class Metrics:
             "Time to first heard audio per context, server-side estimate: TTFA + the "
             "prebuffer hint of its first audio, ms", ["voice"],
             buckets=FIRST_HEARD_BUCKETS_MS, registry=r)
+        self.time_to_first_heard = Histogram(
+            "rtserver_time_to_first_heard_seconds",
+            "Time to first heard audio per context as its listener reports it (`played`): "
+            "from the text that completed its first segment to the start of playback, "
+            "seconds", ["voice"], buckets=HEARD_BUCKETS_S, registry=r)
 
     def observe_rtf(self, voice: str, rtf: float) -> None:
         self.rtf.labels(voice).observe(rtf)

@@ -174,10 +174,38 @@ class ErrorMessage(_ServerMessage, frozen=True, kw_only=True, tag="error"):
     request_id: str | None = None
 
 
-ServerMessage = Ready | Started | SegmentStarted | BufferHint | Done | Cancelled | ErrorMessage
+WordTiming = Literal["model", "estimated"]
+
+
+class WordSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """One word of a ``words`` event: its text as spoken, when it is heard
+    (ms from the context's first sample) and where it came from
+    (``[start, end)`` offsets into the context's text as received)."""
+
+    text: str
+    start_ms: float
+    end_ms: float
+    source: tuple[int, int]
+
+
+class Words(_ServerMessage, frozen=True, kw_only=True, tag="words"):
+    """When the words of a segment are heard (PROTOCOL-EXTENSIONS.md, ``words``).
+
+    ``timing`` "model": from the voice's own durations; "estimated": spread
+    over the segment's expected audio by character count."""
+
+    type: ClassVar[str] = "words"
+    context: str
+    segment: int
+    timing: WordTiming
+    words: tuple[WordSpan, ...]
+
+
+ServerMessage = (Ready | Started | SegmentStarted | BufferHint | Words | Done | Cancelled
+                 | ErrorMessage)
 SERVER_MESSAGE_TYPES: dict[str, type[ServerMessage]] = {
     cls.type: cls
-    for cls in (Ready, Started, SegmentStarted, BufferHint, Done, Cancelled, ErrorMessage)
+    for cls in (Ready, Started, SegmentStarted, BufferHint, Words, Done, Cancelled, ErrorMessage)
 }
 
 
@@ -406,6 +434,9 @@ __all__ = [
     "Start",
     "Started",
     "Text",
+    "WordSpan",
+    "WordTiming",
+    "Words",
     "echo",
     "encode_client_message",
     "encode_server_message",

@@ -206,7 +206,8 @@ class Session:
         entry = self._contexts.get(ctx)
         if entry is None:
             if isinstance(message, Played) and ctx in self._finished:
-                return []  # the listener reports after `done`: normal, nothing to do
+                # the listener reports after `done`: normal; its first report counts
+                return [ListenerProgress(ctx, message.audio_ms)]
             raise UnknownContext(f"no context '{ctx}'", context=ctx)
         if isinstance(message, Played):
             return [ListenerProgress(ctx, message.audio_ms)]

@@ -24,6 +24,7 @@ import msgspec
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.core import AudioFrames, Finished, SpeechContext
+from rtserver.core.heard import FirstHeard
 from rtserver.errors import (
     CloseCode,
     ControlFlood,
@@ -81,6 +82,8 @@ class Connection:
             voice_aliases=app.voice_aliases, families=app.families)
         self.outbox = Outbox(capacity_ms=cfg.send_queue_ms)
         self.live: dict[str, SpeechContext] = {}
+        # finished contexts whose listener has not reported hearing them yet
+        self._heard: OrderedDict[str, FirstHeard] = OrderedDict()
         self.key = client_key(ws, app)  # whose rate limits this connection counts against
         self._pace = MessagePace(cfg, app.clock.now())
         self._tasks: set[asyncio.Task[None]] = set()
@@ -183,9 +186,7 @@ class Connection:
         elif isinstance(action, CancelContext):
             await self._cancel(action.context)
         elif isinstance(action, ListenerProgress):
-            ctx = self.live.get(action.context)
-            if ctx is not None:
-                ctx.heard_ms = action.audio_ms
+            self._played(action)
         elif isinstance(action, CloseConnection):
             raise _Closing(action)
 
@@ -219,7 +220,7 @@ class Connection:
         rid = start.request_id or f"{self.request_id}-{self._opened}"
         try:
             self.app.gate.start(self.key, action.voice, self.app.clock.now(), start.context,
-                                lambda: self.app.core.predicted_first_heard_ms(
+                                lambda: self.app.core.admission_first_heard_ms(
                                     start, action.voice))
         except RtError as err:  # refused: it was never open
             self.session.forget(start.context)
@@ -269,6 +270,20 @@ class Connection:
                 while len(self._recent_rids) > RECENTLY_FINISHED:
                     self._recent_rids.popitem(last=False)
             self.session.context_finished(context, ctx.ledger.last_sent_seq)
+            if ctx.first_heard.waiting:  # its listener's first `played` is still to come
+                self._heard[context] = ctx.first_heard
+                while len(self._heard) > RECENTLY_FINISHED:
+                    self._heard.popitem(last=False)
+
+    def _played(self, action: ListenerProgress) -> None:
+        """A listener's report: the first of each context measures first heard audio."""
+        ctx = self.live.get(action.context)
+        if ctx is not None:
+            ctx.played(action.audio_ms)
+            return
+        heard = self._heard.pop(action.context, None)
+        if heard is not None:
+            heard.played(action.audio_ms, self.app.clock.now())
 
     def _stamp(self, message: ServerMessage, context: str | None) -> ServerMessage:
         """``message`` with its request id: its context's, else the connection's

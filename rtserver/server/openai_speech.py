@@ -222,7 +222,7 @@ class SpeechApi:
         gate = self.app.gate
         start = speech_start(speech, "http")
         gate.start(who, speech.voice, now, "http",
-                   lambda: self.app.core.predicted_first_heard_ms(start))
+                   lambda: self.app.core.admission_first_heard_ms(start))
         gate.text(who, len(speech.input), now, "http")
 
     async def voices(self, request: HttpRequest, receive: Receive, send: Send) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import SYSTEM_CLOCK, Clock
+
+WordTimingKind = Literal["model", "estimated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,11 @@ class VoiceInfo:
     # its worker threads); more at once share them, so each is slower in
     # proportion. 0: not bounded that way (a batching engine on a GPU).
     parallel_segments: int = 0
+    # Where the times of its ``words`` events come from: "model" (the voice
+    # puts the model's own word times on its chunks, ``PcmChunk.words``) or
+    # "estimated" (the core spreads a segment's words over its expected audio
+    # by character count). Capability flags read this.
+    word_timing: WordTimingKind = "estimated"
 
 
 class Marks(dict[str, float]):

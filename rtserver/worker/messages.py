@@ -18,7 +18,11 @@ import msgspec
 
 
 class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields)."""
+    """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields).
+
+    Not ``word_timing``: the word times a voice puts on its chunks
+    (``PcmChunk.words``) do not cross the link, so a worker's voices give
+    estimated words (the default)."""
 
     name: str
     family: str

@@ -27,6 +27,8 @@ from rtserver.protocol.messages import (
     Start,
     Started,
     Text,
+    Words,
+    WordSpan,
     encode_client_message,
     encode_server_message,
     parse_client_message,
@@ -43,6 +45,9 @@ SERVER_MESSAGES: list[ServerMessage] = [
             pre_skip=0, channels=1),
     SegmentStarted(context="c1", index=0, text="Hello there,", source=(0, 12), seq=0),
     BufferHint(context="c1", prebuffer_ms=120.0, rtf=0.25, ahead_ms=300.0),
+    Words(context="c1", segment=0, timing="model", words=(
+        WordSpan(text="Hello", start_ms=12.5, end_ms=310.0, source=(0, 5)),
+        WordSpan(text="there,", start_ms=330.0, end_ms=640.0, source=(6, 12)))),
     Done(context="c1", frames=50, audio_ms=1000.0, ttfa_ms=42.5, spoken_text="Hello there,"),
     Done(context="c2", frames=0, audio_ms=0.0, ttfa_ms=None),
     Cancelled(context="c1", last_seq=-1),
