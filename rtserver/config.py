@@ -76,7 +76,7 @@ class ServerConfig:
     # File descriptors beyond max_connections (voices, engine, logs, pools);
     # the process raises its soft limit to max_connections + this at start.
     fd_margin: int = 256
-    web_root: str = ""  # empty: the packaged web_demo/ folder
+    web_root: str = ""  # empty: the packaged rtserver/web_demo/ folder
     log_level: str = "info"
     # Bind with SO_REUSEPORT so several processes share the port (the kernel
     # spreads connections); such a process listens only once warmed up.
