@@ -47,7 +47,7 @@ segment's words within its audio; ``say_sync`` is the blocking one-liner::
 from __future__ import annotations
 
 from rtserver.client.connection import RtClient, say_sync
-from rtserver.client.context import ContextStream
+from rtserver.client.context import TERMINAL_ERROR_CODES, ContextStream
 from rtserver.client.decode import decode_frames
 from rtserver.client.errors import ConnectionLost, HandshakeRejected, ServerError
 from rtserver.client.events import AudioFrames, ContextResult, ContextTimes, Event
@@ -57,6 +57,7 @@ from rtserver.protocol.messages import parse_server_message
 from rtserver.protocol.wire import SeqTracker
 
 __all__ = [
+    "TERMINAL_ERROR_CODES",
     "AudioFrames",
     "ConnectionLost",
     "ContextResult",
