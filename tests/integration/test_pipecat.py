@@ -72,8 +72,9 @@ class Collect(FrameProcessor):
 
 
 @contextlib.asynccontextmanager
-async def pipeline(server: ServerThread, rate: int = 24000, url: str | None = None):
-    tts = RtserverTTSService(url=url or server.url)
+async def pipeline(server: ServerThread, rate: int = 24000, url: str | None = None,
+                   voice: str | None = None):
+    tts = RtserverTTSService(url=url or server.url, voice=voice)
     sink = Collect()
     task = PipelineWorker(Pipeline([tts, sink]),
                           params=PipelineParams(audio_out_sample_rate=rate),
@@ -165,3 +166,11 @@ async def test_a_dropped_connection_is_reopened_and_the_next_turn_speaks(
             assert proxy.accepted == 2
     finally:
         await proxy.close()
+
+
+async def test_a_refused_turn_ends_without_audio(server: ServerThread) -> None:
+    async with pipeline(server, voice="piper:no-such-voice") as (task, sink):
+        await say(task, ["Nobody speaks this."])
+        # the server refuses the start (unknown_voice): the turn ends, nothing waits on it
+        await wait_until_async(lambda: sink.stops() == 1, "the refused turn's end")
+    assert not sink.audio()
