@@ -11,6 +11,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
+from rtserver import __version__
 from rtserver.client import RtClientError
 from rtserver.config import Config, load_config
 from rtserver.errors import ConfigError, RtError
@@ -152,6 +153,7 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtserver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rtserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the streaming server")
     _add_common(p)

@@ -76,7 +76,7 @@ class ServerConfig:
     # File descriptors beyond max_connections (voices, engine, logs, pools);
     # the process raises its soft limit to max_connections + this at start.
     fd_margin: int = 256
-    web_root: str = ""  # empty: the packaged web_demo/ folder
+    web_root: str = ""  # empty: the packaged rtserver/web_demo/ folder
     log_level: str = "info"
     # "text": one line per record; "json": one JSON object per line (ts, level,
     # logger, message, request_id, exc), for log collectors (rtserver/logs.py).

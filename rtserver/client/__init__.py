@@ -49,7 +49,7 @@ better: ``ContextStream.words``, ``ContextResult.word_spans``, each event's
 from __future__ import annotations
 
 from rtserver.client.connection import RtClient, say_sync
-from rtserver.client.context import ContextStream
+from rtserver.client.context import TERMINAL_ERROR_CODES, ContextStream
 from rtserver.client.decode import decode_frames
 from rtserver.client.errors import ConnectionLost, HandshakeRejected, ServerError
 from rtserver.client.events import AudioFrames, ContextResult, ContextTimes, Event
@@ -59,6 +59,7 @@ from rtserver.protocol.messages import Words, WordSpan, parse_server_message
 from rtserver.protocol.wire import SeqTracker
 
 __all__ = [
+    "TERMINAL_ERROR_CODES",
     "AudioFrames",
     "ConnectionLost",
     "ContextResult",

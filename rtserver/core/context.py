@@ -169,9 +169,9 @@ class SpeechContext:
                 sent = self.ledger.first_sent_at
                 if sent is not None:
                     points.append(("send", t["queued"], sent))
-        hist = self.shared.metrics.first_audio_stage_ms
+        hist = self.shared.metrics.first_audio_stage_seconds
         for stage, a, b in points:
-            hist.labels(self.voice.info.name, stage).observe(max(0.0, 1000.0 * (b - a)))
+            hist.labels(self.voice.info.name, stage).observe(max(0.0, b - a))
 
     # --- the end -----------------------------------------------------------------
 
@@ -204,9 +204,9 @@ class SpeechContext:
         ttfa = self.ttfa_ms()
         first_hint = self.speaker.first_hint_ms
         if ttfa is not None and outcome == "done":
-            metrics.ttfa_ms.labels(name).observe(ttfa)
+            metrics.ttfa_seconds.labels(name).observe(ttfa / 1000.0)
             if first_hint is not None:
-                metrics.first_heard_ms.labels(name).observe(ttfa + first_hint)
+                metrics.first_heard_seconds.labels(name).observe((ttfa + first_hint) / 1000.0)
         log.info("context %s voice=%s chars=%d audio_ms=%d ttfa_ms=%s rtf=%.3f heard_ms=%.0f",
                  outcome, name, self.input.chars_in, self.ledger.next_seq * self.start.frame_ms,
                  "-" if ttfa is None else f"{ttfa:.1f}",

@@ -69,6 +69,9 @@ class RtServer:
             self.app.metrics.registry.register(collector)
         app = self.app
         self._watch = asyncio.create_task(self._watch_engines(), name="engine-watch")
+        connections = self._connections
+        app.metrics.send_queue_audio_seconds.set_function(
+            lambda: sum(c.outbox.queued_ms for c in connections) / 1000.0)
         self._process_metrics = attach_process_metrics(
             app.metrics.registry, self.config, ready=lambda: app.is_ready()[0])
         if s.reuse_port:

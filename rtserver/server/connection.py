@@ -313,7 +313,7 @@ class Connection:
                                             last=item.last, segment_start=item.segment_start)
                 ledger.delivered(item.seq + len(item.frames) - 1)
                 metrics.audio_seconds.labels(ledger.voice).inc(item.audio_ms / 1000.0)
-                metrics.queue_ms.observe(outbox.queued_ms)
+                metrics.send_queue_seconds.observe(outbox.queued_ms / 1000.0)
             elif isinstance(item, ControlItem):
                 data = _encode(item.message, item.context)
             else:

@@ -10,7 +10,7 @@ accepted and not used: the voice decides the model.
 Each request is one context of the speech core (``rtserver.core.speak``: this
 endpoint is one more sink of the core, as the WebSocket connection is), so
 the same voices, segmenter, pacing and metrics apply (``rtserver_contexts_total``,
-``rtserver_ttfa_ms``, rtf, the running-context count); the PCM frames it yields
+``rtserver_ttfa_seconds``, rtf, the running-context count); the PCM frames it yields
 are tempo-changed for ``speed`` and encoded here (``rtserver.audio.encoders``).
 
 Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API

@@ -70,7 +70,8 @@ DOWN_RETRY_MS = 1000
 # Wait after the worker refused a new context for its capacity: a segment of
 # a running context takes about this long on a GPU.
 FULL_RETRY_MS = 250
-CHUNK_DELAY_BUCKETS_MS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 500)
+CHUNK_DELAY_BUCKETS_S = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                         0.05, 0.1, 0.5)
 # While a front end waits for its worker at start, it says so this often (s).
 WAIT_SAY_S = 30.0
 _ERRORS: dict[str, type[RtError]] = {ErrorCode.OVERLOADED.value: Busy,
@@ -138,10 +139,10 @@ class WorkerLink:
         self._first_ready = asyncio.Event()
         # from the worker's send to this reader: the seam's own delay, which
         # grows when this process's event loop falls behind
-        self.chunk_delay_ms = Histogram(
-            "rtserver_gpu_worker_chunk_delay_ms",
-            "Time from the GPU worker's send of a chunk to this front end's read, ms",
-            buckets=CHUNK_DELAY_BUCKETS_MS, registry=None)
+        self.chunk_delay_seconds = Histogram(
+            "rtserver_gpu_worker_chunk_delay_seconds",
+            "Time from the GPU worker's send of a chunk to this front end's read, seconds",
+            buckets=CHUNK_DELAY_BUCKETS_S, registry=None)
 
     # -- life --------------------------------------------------------------------
     async def start(self, say: Callable[[str], None] = lambda msg: None) -> m.Ready:
@@ -239,7 +240,7 @@ class WorkerLink:
                 raise ValueError("a chunk without its samples")
             samples = np.frombuffer(extra[0].buffer, dtype=np.float32)
             if msg.sent_at:
-                self.chunk_delay_ms.observe(1000.0 * (time.monotonic() - msg.sent_at))
+                self.chunk_delay_seconds.observe(time.monotonic() - msg.sent_at)
             if msg.model_output_at is not None:
                 stream.put(msg.model_output_at)
             stream.put(PcmChunk(samples, msg.sample_rate))
@@ -392,7 +393,7 @@ class LinkCollector(Collector):
             cap.add_metric([family], float(self.link.capacity(family)))
         yield active
         yield cap
-        yield from self.link.chunk_delay_ms.collect()
+        yield from self.link.chunk_delay_seconds.collect()
 
 
 async def load_server_voices(config: Config, progress: Callable[[str], None]) -> VoiceSet:

@@ -77,7 +77,8 @@ async def test_orpheus_speaks_through_the_worker(front_end: ServerThread) -> Non
     assert float(np.abs(pcm).max()) > 0
     # the model's own output time came back with the first chunk: TTFA's parts
     body = await _metrics(front_end)
-    assert 'rtserver_first_audio_stage_ms_count{stage="model",voice="orpheus:tara"} 1.0' in body
+    assert ('rtserver_first_audio_stage_seconds_count{stage="model",voice="orpheus:tara"} 1.0'
+            in body)
 
 
 async def _metrics(srv: ServerThread) -> str:

@@ -191,7 +191,7 @@ async def test_the_front_end_measures_each_chunks_delay(tmp_path: Path) -> None:
         reg.register(LinkCollector(link))
         body = generate_latest(reg).decode()
     assert len(got) == 5
-    assert "rtserver_gpu_worker_chunk_delay_ms_count 5.0" in body
+    assert "rtserver_gpu_worker_chunk_delay_seconds_count 5.0" in body
     assert "rtserver_gpu_worker_up 1.0" in body
 
 

@@ -342,7 +342,9 @@ def write_outputs(results: dict[str, Any], out_dir: Path, ttfa_p99_ms: float,
     paths = [out_dir / RESULTS, out_dir / "summary.md"]
     write_results(paths[0], results)
     report.write_markdown(paths[1], report.markdown(results, rows, caps))
-    if make_plots:
+    if make_plots and not plots.available():
+        print(f"[bench] {plots.NO_MATPLOTLIB}", file=sys.stderr)
+    elif make_plots:
         paths += plots.plot_all(results["samples"], rows, out_dir)
     return paths
 
@@ -351,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not args.no_plots and not plots.available():  # said before the run, and again after
+        print(f"[bench] {plots.NO_MATPLOTLIB}", file=sys.stderr)
     try:
         import uvloop
 
