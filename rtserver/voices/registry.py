@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from rtserver.errors import ConfigError, UnknownVoice
-from rtserver.voices.base import Voice
+from rtserver.voices.base import Voice, VoiceMaker
 
 ENTRY_POINT_GROUP = "rtserver.voices"
 BUILTIN_DISTRIBUTION = "rtserver"  # its families are listed first
@@ -66,6 +66,8 @@ class FamilyVoices:
     collectors: list[Collector] = field(default_factory=list)  # Prometheus, engine stats
     # after its voices are closed: what the family shares (thread pools)
     release: Callable[[], Awaitable[None]] | None = None
+    # makes voices at run time (LoRA adapters), when the family can
+    maker: VoiceMaker | None = None
 
 
 # loader(specs, the family's section (None without one), [voice], progress)
@@ -170,6 +172,8 @@ class VoiceSet:
     releases: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # each configured spec -> the name of its voice
     by_spec: dict[str, str] = field(default_factory=dict)
+    # family -> its maker of voices at run time (LoRA adapters)
+    makers: dict[str, VoiceMaker] = field(default_factory=dict)
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
@@ -203,6 +207,8 @@ async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
                 out.releases.append(loaded.release)
             out.collectors += loaded.collectors
             out.warm_up_via += loaded.warm_up_via
+            if loaded.maker is not None:
+                out.makers[name] = loaded.maker
             for vname, voice in loaded.voices.items():
                 if vname in voices:
                     raise ConfigError(f"voice {vname} is configured twice")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import msgspec
 
+from rtserver.protocol.messages import VoiceCapabilities
+
 
 class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields)."""
@@ -28,6 +30,8 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     chunk_plan_ms: tuple[float, ...] = ()
     chunk_cost_ms: tuple[float, ...] = ()
     parallel_segments: int = 0
+    capabilities: VoiceCapabilities = VoiceCapabilities()
+    languages: tuple[str, ...] = ()
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
