@@ -1,8 +1,10 @@
 """Orpheus through a GPU worker process: ``rtserver worker`` runs the vLLM
 client (its EngineCore is vLLM's own process) and the SNAC vocoder for a tiny
 Llama with dummy weights on the CPU wheel; a front end in this process reaches
-it over ZMQ and serves it on the WebSocket. One lean test: vLLM takes about a
-minute to start on 2 cores."""
+it over ZMQ and serves it on the WebSocket. Lean tests: vLLM takes about a
+minute to start on 2 cores. The worker also serves a LoRA voice from its
+``[orpheus] adapters``: the worker resolves the voice name a request carries
+to its adapter, so the front end needs to know nothing of LoRA."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ pytest.importorskip("vllm")
 
 from rtserver.client import RtClient
 from rtserver.testing.server_thread import ServerThread
+from rtserver.tools.layouts.lora import write_lora_adapter
 from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
 
@@ -34,12 +37,14 @@ def front_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread
     root = Path(tmp_path_factory.mktemp("orpheus"))
     model = write_tiny_orpheus(root / "llama", shape="tiny")
     snac = write_tiny_snac(root / "snac", seed=0)
+    alice = write_lora_adapter(root / "alice", shape="tiny", rank=8, seed=1)
     endpoint = f"ipc://{root}/worker.sock"
     cfg = root / "worker.toml"
     cfg.write_text('[voice]\ndefault = "orpheus:tara"\n'
                    f'[orpheus]\nmodel_dir = "{model}"\nsnac_dir = "{snac}"\n'
                    'dummy_weights = true\ndevice = "cpu"\nenforce_eager = true\n'
                    'max_model_len = 2048\nmax_num_seqs = 8\n'
+                   f'adapters = ["alice@tara={alice}"]\nmax_loras = 2\nmax_lora_rank = 8\n'
                    f'[gpu]\nendpoint = "{endpoint}"\n')
     log = (root / "worker.log").open("w")
     worker = subprocess.Popen([sys.executable, "-m", "rtserver", "worker", "--config", str(cfg)],
@@ -78,6 +83,23 @@ async def test_orpheus_speaks_through_the_worker(front_end: ServerThread) -> Non
     # the model's own output time came back with the first chunk: TTFA's parts
     body = await _metrics(front_end)
     assert 'rtserver_first_audio_stage_ms_count{stage="model",voice="orpheus:tara"} 1.0' in body
+
+
+async def test_a_lora_voice_speaks_through_the_worker(front_end: ServerThread) -> None:
+    """orpheus:alice (an adapter in the worker's config) is listed with its
+    capabilities and speaks; the front end only forwards its name."""
+    async with RtClient.connect(front_end.url) as client:
+        info = client.ready.voice_info["orpheus:alice"]
+        assert info.capabilities.lora is True and info.family == "orpheus"
+        assert client.ready.voice_info["orpheus:tara"].capabilities.lora is False
+        ctx = await client.start(voice="orpheus:alice", format="pcm_s16le", sample_rate=24000)
+        await ctx.send_text("Hello there.")
+        await ctx.end()
+        result = await ctx.collect()
+    assert result.ok, (result.error, result.failure)
+    assert result.started is not None and result.started.voice == "orpheus:alice"
+    assert result.pcm is not None and len(result.pcm) >= SNAC_FRAME
+    assert float(np.abs(result.pcm).max()) > 0
 
 
 async def _metrics(srv: ServerThread) -> str:
