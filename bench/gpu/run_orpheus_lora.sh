@@ -8,6 +8,8 @@
 #   PH=lora  LoRA on (max_loras 8), every turn on one of the 8 adapter voices (seeded draw)
 #   PH=both  LoRA on, but every turn on the base voice: what turning LoRA on costs by itself
 # The three runs draw the same texts in the same order (--voices lists of one length).
+# vLLM runs LoRA configs on its V1 model runner (its V2 runner falls back for LoRA: vLLM PR
+# 43084), and token_guard "none" lets the base run use V2: PH=both shows that part alone.
 # Checkpoints are written on the first call into $CKPT and $LORA (kept between calls only on a
 # warm machine: a bare one writes them again, ~1 min).
 #
