@@ -9,9 +9,10 @@
   is served. Answer 201 with the voice as ``GET /v1/voices`` lists it; a voice
   that cannot be made is 400 ``{"code": "unknown_voice", "message": <reason>}``.
 - ``DELETE /v1/admin/voices?name=orpheus:alice``: new contexts on it are
-  ``unknown_voice`` at once; contexts speaking with it finish, then its
-  adapter is unloaded. 200 ``{"removed": name}``; 404 ``unknown_voice`` for a
-  voice not made here (configured voices stay).
+  ``unknown_voice`` at once; contexts speaking with it go on, and its
+  adapter is unloaded once no request has run on it for a grace period.
+  200 ``{"removed": name}``; 404 ``unknown_voice`` for a voice not made here
+  (configured voices stay).
 
 API keys only (a browser token cannot), and only when keys are configured:
 without them the endpoint answers 404, so an open server cannot be made to

@@ -17,7 +17,8 @@ its requests carries the adapter (vLLM batches up to ``max_loras`` adapters
 in one step, the base model's rows beside them). An adapter is read and
 checked by vLLM when it is added, so a broken one is ``unknown_voice`` with
 the reason, and never reaches a request. Removing a voice takes it from the
-server at once and unloads its adapter when its last request ends.
+server at once; contexts speaking with it go on, and its adapter is unloaded
+after ``RETIRE_GRACE_S`` without a request on it.
 
 Checkpoints are local folders: the HF Llama folder (config.json,
 tokenizer.json, safetensors) and the SNAC folder (config.json +
@@ -73,6 +74,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAMILY = "orpheus"
+# A removed LoRA voice's adapter is unloaded after this long without a request
+# on it: contexts that were speaking with it ask for their next segment sooner.
+RETIRE_GRACE_S = 10.0
 
 # Audio tokens of slot i % 7 at output position i; end of speech at frame boundaries.
 AUDIO_MASK = CyclicTokenMask(
@@ -316,12 +320,21 @@ class OrpheusRuntime:
         voice.retire()
         return voice
 
-    def unload_when_idle(self, voice: OrpheusVoice) -> None:
-        """Unload a retired voice's adapter (its last request has ended)."""
+    def unload_when_idle(self, voice: OrpheusVoice, grace_s: float = RETIRE_GRACE_S) -> None:
+        """Unload a retired voice's adapter once no request has run on it for
+        ``grace_s`` (a context still speaking with it asks for its next
+        segment within that)."""
         adapter, engine = voice.adapter, self.engine
         if adapter is None or not isinstance(engine, LoraEngine):
             return
-        task = asyncio.get_running_loop().create_task(engine.remove_adapter(adapter),
+
+        async def unload() -> None:
+            await asyncio.sleep(grace_s)
+            if voice.idle:  # else the stream that ends last schedules it again
+                voice.unloaded = True
+                await engine.remove_adapter(adapter)
+
+        task = asyncio.get_running_loop().create_task(unload(),
                                                       name=f"unload adapter {adapter.name}")
         self._unloading.add(task)
         task.add_done_callback(self._unloading.discard)
@@ -332,6 +345,8 @@ class OrpheusRuntime:
         if self._users > 0:
             return
         _RUNTIMES.pop(_runtime_key(self.config), None)
+        for task in self._unloading:  # the engine closes: nothing is left to unload
+            task.cancel()
         try:
             await self.vocoder.close()
         finally:
@@ -365,6 +380,7 @@ class OrpheusVoice:
         self._closed = False
         self._open = 0  # streams in flight
         self._retired = False  # a LoRA voice removed: unload its adapter when idle
+        self.unloaded = False  # its adapter is gone from the engine
 
     @property
     def info(self) -> VoiceInfo:
@@ -412,7 +428,7 @@ class OrpheusVoice:
         tests, benchmarks)."""
         if self._closed:
             raise EngineFailed("the voice is closed")
-        if self._retired:
+        if self.unloaded:  # removed, and idle past the grace: the adapter is gone
             raise UnknownVoice(f"voice {self._info.name} was removed")
         treq = self.token_request(request, max_tokens=max_tokens)
         frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS,
@@ -445,9 +461,14 @@ class OrpheusVoice:
                 log.debug("request %s: %d audio tokens of the wrong slot re-slotted",
                           request.request_id, frames.reslotted_tokens)
 
+    @property
+    def idle(self) -> bool:
+        return self._open == 0
+
     def retire(self) -> None:
-        """A LoRA voice is removed: no new requests; its adapter is unloaded
-        once the requests in flight end."""
+        """A LoRA voice is removed (the server offers it no more): contexts
+        speaking with it go on; its adapter is unloaded once no request has
+        run on it for ``RETIRE_GRACE_S``."""
         if self.adapter is None or self._retired:
             return
         self._retired = True
