@@ -11,8 +11,8 @@
 - ``DELETE /v1/admin/voices?name=orpheus:alice``: new contexts on it are
   ``unknown_voice`` at once; contexts speaking with it go on, and its
   adapter is unloaded once no request has run on it for a grace period.
-  200 ``{"removed": name}``; 404 ``unknown_voice`` for a voice not made here
-  (configured voices stay).
+  200 ``{"removed": name}``; 404 ``unknown_voice`` for a voice not made at
+  run time (configured voices stay).
 
 API keys only (a browser token cannot), and only when keys are configured:
 without them the endpoint answers 404, so an open server cannot be made to
@@ -48,7 +48,7 @@ class AdminApi:
     def __init__(self, app: AppState, cache: PhraseCache | None = None) -> None:
         self.app = app
         self.cache = cache  # the HTTP speech API's: a removed voice's phrases go
-        self.made: set[str] = set()  # voices made here (the ones DELETE may remove)
+        self.configured = set(app.voices)  # voices DELETE leaves alone
 
     def handlers(self) -> dict[tuple[str, str], Any]:
         return {("POST", ADMIN_VOICES_PATH): self.add, ("DELETE", ADMIN_VOICES_PATH): self.remove}
@@ -110,8 +110,9 @@ class AdminApi:
             voice = await maker.add(short, adapter, body.get("speaker") or None)
         except UnknownVoice as exc:
             return _error(HTTPStatus.BAD_REQUEST, exc.code.value, exc.message)
-        full = self.app.add_voice(voice)
-        self.made.add(full)
+        full = voice.info.name
+        if full not in self.app.voices:  # (a GPU worker's news may have brought it already)
+            self.app.add_voice(voice)
         log.info("voice %s added at run time", full)
         (entry,) = voices_json({full: voice}, self.app.default_voice)
         return json_response(HTTPStatus.CREATED, {"voice": entry})
@@ -122,18 +123,18 @@ class AdminApi:
             return refused
         name = request.query_param("name")
         name = self.app.voice_aliases.get(name, name)
-        if name not in self.made:
+        family, _, short = name.partition(":")
+        maker = self.app.makers.get(family)
+        if name in self.configured or name not in self.app.voices or maker is None:
             return _error(HTTPStatus.NOT_FOUND, ErrorCode.UNKNOWN_VOICE.value,
                           f"no voice {name[:80]!r} was added at run time")
-        family, _, short = name.partition(":")
+        try:
+            await maker.remove(short)
+        except UnknownVoice as exc:
+            return _error(HTTPStatus.NOT_FOUND, exc.code.value, exc.message)
         self.app.remove_voice(name)
-        self.made.discard(name)
         if self.cache is not None:
             self.cache.drop_voice(name)
-        try:
-            await self.app.makers[family].remove(short)
-        except UnknownVoice as exc:  # its family forgot it already: nothing is held
-            log.warning("removing voice %s: %s", name, exc.message)
         log.info("voice %s removed at run time", name)
         return json_response(HTTPStatus.OK, {"removed": name})
 

@@ -65,6 +65,8 @@ class RtServer:
         self.app = AppState(config=self.config, voices=self.voice_set.voices,
                             default_voice=self.voice_set.default, encode_pool=self._encode_pool,
                             makers=self.voice_set.makers)
+        if self.voice_set.watch is not None:  # a GPU worker's voices made at run time
+            self.voice_set.watch(self.app.apply_voice_changes)
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
         app = self.app

@@ -80,6 +80,8 @@ class AppState:
         if name in self.voices:
             raise ValueError(f"voice {name} exists")
         self.gate.add_voice(name)
+        if isinstance(voice, VoiceHealth):  # a voice behind a GPU worker process
+            self.gate.health[name] = voice
         self.voices[name] = GuardedVoice(voice, self.gate, self.clock.now,
                                          on_dead=self._engine_died)
         self.core.stats_for(name)
@@ -88,6 +90,16 @@ class AppState:
         if short and short not in self.voices:
             self.voice_aliases.setdefault(short, name)
         return name
+
+    def apply_voice_changes(self, added: dict[str, Voice], removed: list[str]) -> None:
+        """Voices made or dropped elsewhere (a GPU worker, at run time):
+        serve the new ones, stop offering the gone ones (never the default)."""
+        for name, voice in added.items():
+            if name not in self.voices:
+                self.add_voice(voice)
+        for name in removed:
+            if name != self.default_voice:
+                self.remove_voice(name)
 
     def remove_voice(self, name: str) -> None:
         """Stop offering a voice added at run time: new contexts on it are

@@ -174,6 +174,9 @@ class VoiceSet:
     by_spec: dict[str, str] = field(default_factory=dict)
     # family -> its maker of voices at run time (LoRA adapters)
     makers: dict[str, VoiceMaker] = field(default_factory=dict)
+    # voices that come and go elsewhere (a GPU worker's, made at run time):
+    # ``watch(apply)`` calls ``apply(added voices by name, removed names)`` on each change
+    watch: Callable[[Callable[[dict[str, Voice], list[str]], None]], None] | None = None
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
