@@ -91,6 +91,9 @@ class WorkerServer:
         self.voices = dict(voices)
         self.makers = dict(makers or {})  # family -> its maker of voices at run time
         self._admin_tasks: set[asyncio.Task[None]] = set()
+        # voices dropped at run time: contexts that were speaking with them go on
+        # (the voice itself refuses once its adapter is unloaded)
+        self._dropped: dict[str, Voice] = {}
         self.send_hwm = send_hwm
         self.config = config
         self.epoch = uuid.uuid4().hex[:12]
@@ -122,13 +125,16 @@ class WorkerServer:
                                        f"(it makes: {', '.join(self.makers) or 'none'})")
                 voice = await maker.add(msg.name, msg.adapter, msg.speaker or None)
                 self.voices[voice.info.name] = voice
+                self._dropped.pop(voice.info.name, None)
             else:
                 family, _, short = msg.name.partition(":")
                 maker = self.makers.get(family)
                 if maker is None or msg.name not in self.voices:
                     raise UnknownVoice(f"the GPU worker made no voice {msg.name[:80]!r}")
                 await maker.remove(short)
-                self.voices.pop(msg.name, None)
+                dropped = self.voices.pop(msg.name, None)
+                if dropped is not None:
+                    self._dropped[msg.name] = dropped
         except RtError as exc:
             self._send_failed(peer, m.Failed(request_id=msg.request_id, code=exc.code.value,
                                              message=exc.message))
@@ -169,7 +175,7 @@ class WorkerServer:
     # -- requests -------------------------------------------------------------
     def _start(self, peer: bytes, msg: m.Synthesize) -> None:
         key = (peer, msg.request_id)
-        voice = self.voices.get(msg.voice)
+        voice = self.voices.get(msg.voice) or self._dropped.get(msg.voice)
         if voice is None:
             self._send_failed(peer, m.Failed(request_id=msg.request_id,
                                              code=ErrorCode.UNKNOWN_VOICE.value,

@@ -244,6 +244,9 @@ class WorkerLink:
             log.error("GPU worker at %s lost (%s): failing %d request(s)", self.endpoint, why,
                       len(self._streams))
         self.up, self.why_down, self.load = False, why, None
+        for fut in self._calls.values():  # a voice being made or dropped: no answer comes
+            if not fut.done():
+                fut.set_exception(EngineLost(f"the GPU worker went away ({why})"))
         for rid, stream in list(self._streams.items()):
             if not stream.finished:
                 stream.put(EngineLost(f"the GPU worker went away ({why})"))
