@@ -81,6 +81,12 @@ class UnknownVoice(RtError):
     code = ErrorCode.UNKNOWN_VOICE
 
 
+class BadAdapter(UnknownVoice):
+    """A LoRA adapter that cannot serve: its folder is missing, it is not in
+    PEFT layout, or the engine refused it (rank, modules, shapes); the message
+    says why. A voice on it is an ``unknown_voice``."""
+
+
 class RateLimited(RtError):
     """A per-key (or per-address) token bucket is empty; ``retry_after_ms`` says
     when it holds enough again. Nothing else is affected."""

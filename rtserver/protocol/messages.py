@@ -108,6 +108,38 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_contexts: int
 
 
+WORD_TIMING_MODEL = "model"  # word times from the model's own durations
+WORD_TIMING_ESTIMATED = "estimated"  # words spread over a segment's audio by characters
+
+
+class VoiceCapabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a voice can do: ``ready.voice_info[voice].capabilities`` and the
+    same object in ``GET /v1/voices`` (PROTOCOL-EXTENSIONS.md). Each family
+    declares its voices' in ``rtserver/voices/<family>/capabilities.py``.
+
+    Lists name what is honoured (empty: nothing), so a reader tests them for
+    truth or membership. ``word_timing`` is a string, not a closed set, so a
+    client reading a later server's value keeps working."""
+
+    # "model" (the model's durations) or "estimated" (spread by characters)
+    word_timing: str = WORD_TIMING_ESTIMATED
+    lexicon: tuple[str, ...] = ()  # lexicon entry kinds honoured: "alias", "phoneme"
+    ssml: tuple[str, ...] = ()  # SSML elements honoured: "break", "sub", "phoneme", "prosody"
+    control_tokens: tuple[str, ...] = ()  # in-text tokens the model acts on ("[laugh]")
+    speed: bool = False  # honours a context's speed
+    lora: bool = False  # the voice is a LoRA adapter on its family's base model
+
+
+class VoiceDescription(msgspec.Struct, frozen=True, kw_only=True):
+    """One voice as ``ready.voice_info`` describes it (PROTOCOL.md's planned
+    shape: family, languages, sample rate, capabilities)."""
+
+    family: str
+    languages: tuple[str, ...]
+    sample_rate: int  # the voice's native rate in Hz (``start`` may ask for another)
+    capabilities: VoiceCapabilities = VoiceCapabilities()
+
+
 class Ready(_ServerMessage, frozen=True, kw_only=True, tag="ready"):
     type: ClassVar[str] = "ready"
     server: str = ""
@@ -116,6 +148,8 @@ class Ready(_ServerMessage, frozen=True, kw_only=True, tag="ready"):
     default_voice: str = ""
     protocol: int = PROTOCOL_VERSION
     request_id: str | None = None  # the connection's (its handshake's X-Request-Id)
+    # voice name -> what it is and can do (empty from a server that predates it)
+    voice_info: dict[str, VoiceDescription] = msgspec.field(default_factory=dict)
 
 
 class Started(_ServerMessage, frozen=True, kw_only=True, tag="started"):
@@ -417,6 +451,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SAMPLE_RATES",
     "SERVER_MESSAGE_TYPES",
+    "WORD_TIMING_ESTIMATED",
+    "WORD_TIMING_MODEL",
     "AudioFormat",
     "BufferHint",
     "Cancel",
@@ -434,6 +470,8 @@ __all__ = [
     "Start",
     "Started",
     "Text",
+    "VoiceCapabilities",
+    "VoiceDescription",
     "WordSpan",
     "WordTiming",
     "Words",

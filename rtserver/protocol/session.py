@@ -130,9 +130,9 @@ class Session:
                  voice_aliases: dict[str, str] | None = None,
                  families: Collection[str] = ()) -> None:
         self._limits = limits
-        self._voices = frozenset(voices)
+        self._voices = voices  # read at each start: a live view sees voices added later
         self._families = tuple(families)  # voice families, for unknown_voice's message
-        self._aliases = dict(voice_aliases or {})
+        self._aliases = voice_aliases if voice_aliases is not None else {}  # live, as voices
         self._default_voice = default_voice
         self._contexts: dict[str, _Context] = {}
         self._finished: OrderedDict[str, int] = OrderedDict()  # context -> last_seq

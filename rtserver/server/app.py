@@ -16,6 +16,7 @@ import uvicorn
 from rtserver.cache import PhraseCache
 from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode
+from rtserver.server.admin_api import AdminApi
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
 from rtserver.server.limits import raise_fd_limit
@@ -64,7 +65,10 @@ class RtServer:
         threads = self.config.server.encode_threads or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(threads, thread_name_prefix="opus")
         self.app = AppState(config=self.config, voices=self.voice_set.voices,
-                            default_voice=self.voice_set.default, encode_pool=self._encode_pool)
+                            default_voice=self.voice_set.default, encode_pool=self._encode_pool,
+                            makers=self.voice_set.makers)
+        if self.voice_set.watch is not None:  # a GPU worker's voices made at run time
+            self.voice_set.watch(self.app.apply_voice_changes)
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
         app = self.app
@@ -97,7 +101,8 @@ class RtServer:
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
         self._speech = SpeechApi(self.app, cache)
         asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, {
-            **self._speech.handlers(), **TokenApi(self.app).handlers()}))
+            **self._speech.handlers(), **TokenApi(self.app).handlers(),
+            **AdminApi(self.app, cache).handlers()}))
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,

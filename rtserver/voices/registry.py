@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from rtserver.errors import ConfigError, UnknownVoice
-from rtserver.voices.base import Voice
+from rtserver.voices.base import Voice, VoiceMaker
 
 ENTRY_POINT_GROUP = "rtserver.voices"
 BUILTIN_DISTRIBUTION = "rtserver"  # its families are listed first
@@ -70,6 +70,8 @@ class FamilyVoices:
     # while it runs; the server polls it (``VoiceSet.dead``), so a death is seen
     # with no request in flight
     engine_dead: Callable[[], str | None] | None = None
+    # makes voices at run time (LoRA adapters), when the family can
+    maker: VoiceMaker | None = None
 
 
 # loader(specs, the family's section (None without one), [voice], progress)
@@ -185,6 +187,11 @@ class VoiceSet:
             if why is not None:
                 out[name] = why
         return out
+    # family -> its maker of voices at run time (LoRA adapters)
+    makers: dict[str, VoiceMaker] = field(default_factory=dict)
+    # voices that come and go elsewhere (a GPU worker's, made at run time):
+    # ``watch(apply)`` calls ``apply(added voices by name, removed names)`` on each change
+    watch: Callable[[Callable[[dict[str, Voice], list[str]], None]], None] | None = None
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
@@ -218,6 +225,8 @@ async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
                 out.releases.append(loaded.release)
             out.collectors += loaded.collectors
             out.warm_up_via += loaded.warm_up_via
+            if loaded.maker is not None:
+                out.makers[name] = loaded.maker
             for vname, voice in loaded.voices.items():
                 if vname in voices:
                     raise ConfigError(f"voice {vname} is configured twice")

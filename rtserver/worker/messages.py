@@ -7,14 +7,19 @@ PCM (mono float32, native byte order, ``sample_rate`` Hz), sent without a copy
 and read in place. Times (``deadline``, ``model_output_at``, ``sent_at``) are
 CLOCK_MONOTONIC seconds, which Linux shares between processes.
 
-Down (front end -> worker): ``Hello``, ``Synthesize``, ``Cancel``, ``Ping``.
+Down (front end -> worker): ``Hello``, ``Synthesize``, ``Cancel``, ``Ping``,
+``MakeVoice``, ``DropVoice``.
 Up (worker -> front end): ``Ready`` (to every ``Hello``), ``Load`` (to every
-``Ping``), ``Chunk``, ``End``, ``Failed``.
+``Ping``), ``Chunk``, ``End``, ``Failed``, ``Voices`` (to every front end,
+after a voice was made or dropped; then ``End`` or ``Failed`` answers the
+``MakeVoice`` / ``DropVoice``).
 """
 
 from __future__ import annotations
 
 import msgspec
+
+from rtserver.protocol.messages import VoiceCapabilities
 
 
 class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +37,8 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     chunk_plan_ms: tuple[float, ...] = ()
     chunk_cost_ms: tuple[float, ...] = ()
     parallel_segments: int = 0
+    capabilities: VoiceCapabilities = VoiceCapabilities()
+    languages: tuple[str, ...] = ()
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
@@ -61,6 +68,24 @@ class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
     request_id: str
 
 
+class MakeVoice(msgspec.Struct, frozen=True, kw_only=True, tag="make_voice"):
+    """Make the voice ``<family>:<name>`` at run time (a LoRA adapter in the
+    worker's file system, prompted as ``speaker``); answered ``End`` or ``Failed``."""
+
+    request_id: str
+    family: str
+    name: str
+    adapter: str
+    speaker: str = ""
+
+
+class DropVoice(msgspec.Struct, frozen=True, kw_only=True, tag="drop_voice"):
+    """Drop a voice made at run time (its full name); answered ``End`` or ``Failed``."""
+
+    request_id: str
+    name: str
+
+
 class Ping(msgspec.Struct, frozen=True, kw_only=True, tag="ping"):
     """The front end's heartbeat; the worker answers ``Load``."""
 
@@ -75,6 +100,14 @@ class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
     by_spec: dict[str, str]  # configured spec -> voice name
     default: str
     capacity: dict[str, int]  # family -> requests it serves at once
+    makers: tuple[str, ...] = ()  # families that make voices at run time (MakeVoice)
+
+
+class Voices(msgspec.Struct, frozen=True, kw_only=True, tag="voices"):
+    """The worker's voices changed (one made or dropped at run time): all of them now."""
+
+    epoch: str
+    voices: tuple[VoiceEntry, ...]
 
 
 class Load(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
@@ -109,12 +142,13 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     retry_after_ms: int | None = None
 
 
-Down = Hello | Synthesize | Cancel | Ping
-Up = Ready | Load | Chunk | End | Failed
+Down = Hello | Synthesize | Cancel | Ping | MakeVoice | DropVoice
+Up = Ready | Load | Chunk | End | Failed | Voices
 
 encode = msgspec.msgpack.Encoder().encode
 decode_down = msgspec.msgpack.Decoder(Down).decode
 decode_up = msgspec.msgpack.Decoder(Up).decode
 
-__all__ = ["Cancel", "Chunk", "Down", "End", "Failed", "Hello", "Load", "Ping", "Ready",
-           "Synthesize", "Up", "VoiceEntry", "decode_down", "decode_up", "encode"]
+__all__ = ["Cancel", "Chunk", "Down", "DropVoice", "End", "Failed", "Hello", "Load",
+           "MakeVoice", "Ping", "Ready", "Synthesize", "Up", "VoiceEntry", "Voices",
+           "decode_down", "decode_up", "encode"]

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
+import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
@@ -51,9 +52,9 @@ from prometheus_client.registry import Collector
 
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
-from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError
+from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError, UnknownVoice
 from rtserver.logs import request_scope
-from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice, VoiceMaker
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
 from rtserver.worker.placement import capacity_of, split_specs
@@ -90,9 +91,15 @@ class WorkerServer:
     def __init__(self, voices: Mapping[str, Voice], *, by_spec: Mapping[str, str], default: str,
                  capacity: Mapping[str, int], config: GpuConfig,
                  send_hwm: int = SEND_HWM,
-                 dead: Callable[[], Mapping[str, str]] = dict) -> None:
+                 dead: Callable[[], Mapping[str, str]] = dict,
+                 makers: Mapping[str, VoiceMaker] | None = None) -> None:
         self.voices = dict(voices)
         self._dead = dead  # voice -> why its engine is gone for good (VoiceSet.dead)
+        self.makers = dict(makers or {})  # family -> its maker of voices at run time
+        self._admin_tasks: set[asyncio.Task[None]] = set()
+        # voices dropped at run time: contexts that were speaking with them go on
+        # (the voice itself refuses once its adapter is unloaded)
+        self._dropped: dict[str, Voice] = {}
         self.send_hwm = send_hwm
         self.config = config
         self.epoch = uuid.uuid4().hex[:12]
@@ -100,15 +107,51 @@ class WorkerServer:
         self.active = {fam: 0 for fam in capacity}
         self.ready = m.Ready(
             epoch=self.epoch, pid=os.getpid(),
-            voices=tuple(m.VoiceEntry(**{f: getattr(v.info, f)
-                                         for f in m.VoiceEntry.__struct_fields__})
-                         for v in self.voices.values()),
-            by_spec=dict(by_spec), default=default, capacity=self.capacity)
+            voices=self._entries(), by_spec=dict(by_spec), default=default,
+            capacity=self.capacity, makers=tuple(self.makers))
         self._requests: dict[tuple[bytes, str], _Request] = {}
         self._seen: dict[bytes, float] = {}  # front end -> when it last spoke
         self._owed: list[tuple[bytes, m.Failed]] = []  # failures a full queue held back
         self.engine_dead = asyncio.Event()
         self._sock: zmq.asyncio.Socket | None = None
+
+    def _entries(self) -> tuple[m.VoiceEntry, ...]:
+        return tuple(m.VoiceEntry(**{f: getattr(v.info, f) for f in m.VoiceEntry.__struct_fields__})
+                     for v in self.voices.values())
+
+    # -- voices made at run time ------------------------------------------------
+    async def _admin(self, peer: bytes, msg: m.MakeVoice | m.DropVoice) -> None:
+        """Make or drop a voice; every front end heard from gets ``Voices``
+        first, then the asking one ``End`` (or ``Failed`` with the reason)."""
+        try:
+            if isinstance(msg, m.MakeVoice):
+                maker = self.makers.get(msg.family)
+                if maker is None:
+                    raise UnknownVoice(f"the GPU worker makes no {msg.family!r} voices "
+                                       f"(it makes: {', '.join(self.makers) or 'none'})")
+                voice = await maker.add(msg.name, msg.adapter, msg.speaker or None)
+                self.voices[voice.info.name] = voice
+                self._dropped.pop(voice.info.name, None)
+            else:
+                family, _, short = msg.name.partition(":")
+                maker = self.makers.get(family)
+                if maker is None or msg.name not in self.voices:
+                    raise UnknownVoice(f"the GPU worker made no voice {msg.name[:80]!r}")
+                await maker.remove(short)
+                dropped = self.voices.pop(msg.name, None)
+                if dropped is not None:
+                    self._dropped[msg.name] = dropped
+        except RtError as exc:
+            self._send_failed(peer, m.Failed(request_id=msg.request_id, code=exc.code.value,
+                                             message=exc.message))
+            return
+        self.ready = msgspec.structs.replace(self.ready, voices=self._entries())
+        news = m.Voices(epoch=self.epoch, voices=self.ready.voices)
+        for other in list(self._seen):
+            with contextlib.suppress(zmq.Again, PeerGone):
+                self._send(other, news)
+        with contextlib.suppress(zmq.Again, PeerGone):
+            self._send(peer, m.End(request_id=msg.request_id))
 
     # -- sending: never waits -------------------------------------------------
     def _send(self, peer: bytes, msg: m.Up, samples: np.ndarray | None = None) -> None:
@@ -138,7 +181,7 @@ class WorkerServer:
     # -- requests -------------------------------------------------------------
     def _start(self, peer: bytes, msg: m.Synthesize) -> None:
         key = (peer, msg.request_id)
-        voice = self.voices.get(msg.voice)
+        voice = self.voices.get(msg.voice) or self._dropped.get(msg.voice)
         if voice is None:
             self._send_failed(peer, m.Failed(request_id=msg.request_id,
                                              code=ErrorCode.UNKNOWN_VOICE.value,
@@ -243,6 +286,10 @@ class WorkerServer:
             self._start(peer, msg)
         elif isinstance(msg, m.Cancel):
             self._cancel(peer, msg.request_id)
+        elif isinstance(msg, (m.MakeVoice, m.DropVoice)):
+            task = asyncio.create_task(self._admin(peer, msg), name=f"admin {msg.request_id}")
+            self._admin_tasks.add(task)
+            task.add_done_callback(self._admin_tasks.discard)
         elif isinstance(msg, m.Ping):
             with contextlib.suppress(zmq.Again, PeerGone):
                 self._send(peer, m.Load(epoch=self.epoch, active=dict(self.active),
@@ -359,7 +406,8 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
         server = WorkerServer(voice_set.voices, by_spec=voice_set.by_spec,
                               default=voice_set.default,
                               capacity={f: capacity_of(config, f) for f in families},
-                              config=config.gpu, dead=voice_set.dead)
+                              config=config.gpu, dead=voice_set.dead,
+                              makers=voice_set.makers)
 
         metrics = serve_metrics(config, voice_set, server)
 

@@ -33,6 +33,7 @@ from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.base import Vocoder
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.chattts import text as ct
+from rtserver.voices.chattts.capabilities import CAPABILITIES
 from rtserver.voices.chattts.config import ChatTTSConfig
 from rtserver.voices.chattts.speaker import decode_speaker, normalised
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
@@ -246,7 +247,8 @@ class ChatTTSVoice:
         self._info = VoiceInfo(
             name=f"{FAMILY}:{speaker.name}", family=FAMILY, sample_rate=SAMPLE_RATE,
             language="zh", description=f"ChatTTS speaker {speaker.name} ({speaker.source})",
-            chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms)
+            chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms, capabilities=CAPABILITIES,
+            languages=("zh", "en"))  # upstream's normalizer reads either
         self._closed = False
 
     @property

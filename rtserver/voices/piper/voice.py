@@ -39,6 +39,7 @@ from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voi
 from rtserver.voices.piper.bf16 import MAX_ERROR_DB, Bf16Decoder, error_db
 from rtserver.voices.piper.blocked import blocked_decoder
 from rtserver.voices.piper.blocked import session_options as blocked_session_options
+from rtserver.voices.piper.capabilities import CAPABILITIES
 from rtserver.voices.piper.espeak import patch_espeakbridge
 from rtserver.voices.piper.graph import SplitVoice, split_voice
 from rtserver.voices.piper.plan import (
@@ -259,7 +260,7 @@ class PiperVoice:
             name=f"piper:{files.name}", family="piper", sample_rate=rate, language=lang,
             description=f"Piper VITS voice {files.name} (decoder {self.decoder_precision})",
             chunk_plan_ms=plan, chunk_cost_ms=cost,
-            parallel_segments=pool.workers,
+            parallel_segments=pool.workers, capabilities=CAPABILITIES,
             word_timing="model" if split.durations else "estimated")
 
     @property
