@@ -30,7 +30,7 @@ async def test_ready_and_voices_endpoint_describe_each_voice_alike(server: Serve
     assert joe.family == "piper" and joe.sample_rate == 22050
     assert joe.languages == ("en_US",)
     caps = joe.capabilities
-    assert caps.word_timing == "estimated"  # spread over the audio by characters, today
+    assert caps.word_timing == "model"  # its duration predictor times the words (VoiceInfo)
     assert (caps.lexicon, caps.ssml, caps.control_tokens) == ((), (), ())
     assert caps.speed is False and caps.lora is False
     listed = {v["name"]: v for v in (await asyncio.to_thread(get_voices, server))["voices"]}
