@@ -18,6 +18,7 @@ from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
+from rtserver.server.http_api import build_http_app
 from rtserver.server.limits import raise_fd_limit
 from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
@@ -90,8 +91,8 @@ class RtServer:
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
         self._speech = SpeechApi(self.app, cache)
-        asgi = RtAsgi(self.app, self._handle, {**self._speech.handlers(),
-                                               **TokenApi(self.app).handlers()})
+        http_app = build_http_app(self.app, self._speech, TokenApi(self.app))
+        asgi = RtAsgi(self.app, self._handle, http_app)
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
