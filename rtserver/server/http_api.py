@@ -33,10 +33,16 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
 from rtserver import __version__
-from rtserver.errors import ErrorCode
+from rtserver.errors import ErrorCode, RtError
 from rtserver.server.asgi import Receive, Scope, Send, request_of, send_response
 from rtserver.server.http import STREAM_PATH, HttpResponse, HttpRoutes
-from rtserver.server.openai_speech import ApiAuthError, ApiError, SpeechApi, openai_error
+from rtserver.server.openai_speech import (
+    ApiAuthError,
+    ApiError,
+    SpeechApi,
+    error_response,
+    openai_error,
+)
 from rtserver.server.state import AppState
 from rtserver.server.token_api import TokenApi
 
@@ -134,6 +140,11 @@ def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi) -> Any:
 
     @api.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> Response:
+        """A handler's exception. Once the status is sent nothing more can be
+        said: Starlette re-raises it and uvicorn drops the connection (an audio
+        body that fails mid-stream ends short; speech logged and counted it)."""
+        if isinstance(exc, RtError):
+            return to_response(error_response(exc))
         log.exception("HTTP %s %s failed", request.method, request.url.path)
         errors_counted(ErrorCode.INTERNAL.value)
         return to_response(openai_error(500, "internal error", ErrorCode.INTERNAL.value))
@@ -149,9 +160,12 @@ def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi) -> Any:
                           ("/metrics", "Prometheus text format"),
                           ("/v1/voices", "the voices and the default"),
                           (STREAM_PATH, "the WebSocket; without an upgrade: 426")):
-        api.add_api_route(path, passthrough, methods=["GET", "HEAD"], summary=summary,
-                          tags=["server"], response_class=PlainTextResponse
+        name = path.strip("/").replace("/", "_")
+        api.add_api_route(path, passthrough, methods=["GET"], summary=summary,
+                          tags=["server"], operation_id=name, response_class=PlainTextResponse
                           if path in ("/health", "/ready", "/metrics") else Response)
+        api.add_api_route(path, passthrough, methods=["HEAD"], include_in_schema=False,
+                          operation_id=f"{name}_head")
 
     async def static(scope: Scope, receive: Receive, send: Send) -> None:
         """Paths no route has: the demo's files (GET, HEAD), else 404."""

@@ -14,8 +14,8 @@ accepted and not used: the voice decides the model.
   object ``{"id": ...}`` (its id is looked up the same way), or an rtserver
   voice name or alias.
 - ``instructions``: no rtserver voice follows free-text instructions (Piper
-  has no style input; ChatTTS' control tokens such as ``[laugh_0]`` are not
-  instructions), so a request with them is refused, 400 with param
+  has no style input; Orpheus' tags and ChatTTS' control tokens go inside the
+  text and are not instructions), so a request with them is refused, 400 with param
   ``instructions``, unless ``[openai] ignore_instructions`` is set: then it is
   spoken without them and the response says so (``x-rtserver-ignored:
   instructions``).
@@ -478,6 +478,7 @@ class SpeechApi:
 
         start = speech_start(speech, f"http-{next(_ids)}")
         audio_ms = 0.0
+        failure: RtError | None = None
         async with speak(self.app.core, start) as ctx:
             ctx.feed(speech.input)
             ctx.end()
@@ -486,9 +487,12 @@ class SpeechApi:
                     pcm = np.frombuffer(b"".join(event.frames), "<i2")
                     await emit(pcm.astype(np.float32) / 32768.0)
                 elif isinstance(event, ErrorMessage):
-                    raise error_of(event)
+                    failure = error_of(event)  # the last event; raised outside the
+                    # context's task group, which would wrap it in an ExceptionGroup
                 elif isinstance(event, Done):
                     audio_ms = event.audio_ms
+        if failure is not None:
+            raise failure
         await emit(np.zeros(0, np.float32), last=True)
         return audio_ms / speech.speed, keep
 
