@@ -152,7 +152,7 @@ def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi) -> Any:
     api.include_router(speech.router())
     api.include_router(tokens.router())
 
-    def passthrough(request: Request) -> Response:
+    async def passthrough(request: Request) -> Response:  # async: no thread hop
         return to_response(routes(request_of(request.scope)))
 
     for path, summary in (("/health", "200 while the process runs"),

@@ -302,7 +302,7 @@ class SpeechApi:
                              summary="Model names OpenAI clients send (all accepted)")
         return router
 
-    def _authorize(self, request: Request) -> None:
+    async def _authorize(self, request: Request) -> None:  # async: no thread hop
         if not authorized(self.app, request_of(request.scope)):
             self.app.metrics.rejected.labels("unauthorized").inc()
             raise ApiAuthError
