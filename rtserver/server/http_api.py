@@ -9,7 +9,9 @@ framework layer. Here:
 - ``/health``, ``/ready``, ``/metrics``, ``/v1/voices``, ``/v1/stream``
   (426 without an upgrade) and the demo's files: ``HttpRoutes`` answers them,
   as before; this only carries its answers;
-- ``/openapi.json`` and ``/docs`` (FastAPI's);
+- ``/openapi.json`` (FastAPI's), ``/docs`` (Swagger UI) and ``/redoc``, their
+  scripts served from ``/docs-assets`` by ``fastapi-offline`` (FastAPI's
+  own pages load them from a CDN, which an offline deployment cannot reach);
 - CORS through Starlette's ``CORSMiddleware`` when ``server.cors_origins`` is
   set (preflights answered, ``Access-Control-*`` headers on answers);
 - every error in OpenAI's shape ``{"error": {"message", "type", "param",
@@ -30,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 from rtserver import __version__
@@ -50,6 +53,7 @@ log = logging.getLogger("rtserver.http")
 
 # Headers a page on another origin may read from an answer (CORS)
 EXPOSED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "x-rtserver-ignored")
+DOCS_ASSETS = "/docs-assets"  # the scripts of /docs and /redoc (fastapi-offline's files)
 _CODES = {404: "not_found", 405: "method_not_allowed", 413: "text_too_long"}
 
 
@@ -99,10 +103,11 @@ def too_large(limit: int) -> HttpResponse:
 def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi) -> Any:
     """The ASGI app of every HTTP request: FastAPI, with the body limit and,
     when configured, CORS (outermost)."""
-    api = FastAPI(title="rtserver", version=__version__,
-                  description="Real-time streaming text-to-speech. The streaming protocol is "
-                  f"a WebSocket at `{STREAM_PATH}` (docs/PROTOCOL.md); this is its HTTP "
-                  "side: OpenAI's speech API, browser tokens, health and metrics.")
+    api: FastAPI = FastAPIOffline(
+        title="rtserver", version=__version__, static_url=DOCS_ASSETS,
+        description="Real-time streaming text-to-speech. The streaming protocol is a WebSocket "
+        f"at `{STREAM_PATH}` (docs/PROTOCOL.md); this is its HTTP side: OpenAI's speech API, "
+        "browser tokens, health and metrics.")
     routes = HttpRoutes(app)
 
     def errors_counted(code: str) -> None:

@@ -237,5 +237,8 @@ def test_openapi_schema_and_docs(server: ServerThread) -> None:
     assert speech["speed"]["maximum"] == 4.0
     status, headers, body = http(server.http + "/docs")
     assert status == 200 and headers["content-type"].startswith("text/html")
-    assert b"/openapi.json" in body
+    assert b"/openapi.json" in body and b"/docs-assets/swagger-ui-bundle.js" in body
+    assert http(server.http + "/redoc")[0] == 200
+    status, headers, body = http(server.http + "/docs-assets/swagger-ui-bundle.js")
+    assert status == 200 and "javascript" in headers["content-type"] and len(body) > 100_000
     assert http(server.http + "/health", method="HEAD")[0] == 200

@@ -1,4 +1,6 @@
-"""CORS: a page on another origin calls the OpenAI speech API with `fetch`.
+"""The HTTP API in a browser. CORS: a page on another origin calls the OpenAI
+speech API with `fetch`. `/docs`: Swagger UI renders the API from the
+server's own files (this machine has no network, so a CDN would fail).
 
 The page is served from `http://localhost:PORT`, the API called at
 `http://127.0.0.1:PORT`: two origins to the browser, one server. The request
@@ -64,3 +66,13 @@ def test_a_listed_origin_fetches_speech_and_another_is_blocked(
                   30)
     assert fetch_speech(page, f"http://localhost:{port}/v1/audio/speech") == \
         "blocked: TypeError"
+
+
+def test_docs_render_from_the_servers_own_files(cors_server: ServerThread, port: int,
+                                                page: Page) -> None:
+    page.navigate(f"http://127.0.0.1:{port}/docs")
+    title = page.wait_for("document.querySelector('.swagger-ui .info .title')?.innerText", 60)
+    assert "rtserver" in title
+    paths = page.wait_for("[...document.querySelectorAll('.opblock-summary-path')]"
+                          ".map(e => e.innerText.replace(/\u200b/g, ''))", 30)
+    assert "/v1/audio/speech" in paths and "/v1/tokens" in paths
