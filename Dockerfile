@@ -36,14 +36,12 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY scripts ./scripts
 COPY rtserver ./rtserver
-COPY web_demo ./web_demo
 RUN scripts/setup.sh gpu \
     && rm -rf /var/lib/apt/lists/* /root/.cache
 ENV PATH=/app/.venv/bin:$PATH \
     HOME=/home/rtserver \
     RTSERVER_SERVER_HOST=0.0.0.0 \
     RTSERVER_SERVER_PORT=8765 \
-    RTSERVER_SERVER_WEB_ROOT=/app/web_demo \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 \
@@ -77,14 +75,12 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY scripts ./scripts
 COPY rtserver ./rtserver
-COPY web_demo ./web_demo
 RUN scripts/setup.sh serve \
     && rm -rf /var/lib/apt/lists/* /root/.cache
 ENV PATH=/app/.venv/bin:$PATH \
     HOME=/home/rtserver \
     RTSERVER_SERVER_HOST=0.0.0.0 \
-    RTSERVER_SERVER_PORT=8765 \
-    RTSERVER_SERVER_WEB_ROOT=/app/web_demo
+    RTSERVER_SERVER_PORT=8765
 USER 10001:10001
 EXPOSE 8765
 HEALTHCHECK --start-period=60s --interval=10s --timeout=3s --retries=3 \

@@ -140,6 +140,15 @@ class PhraseCache:
         self._publish()
         return True
 
+    def drop_voice(self, voice: str) -> int:
+        """Forget every phrase of ``voice`` (removed at run time: a new voice
+        may take its name); returns how many."""
+        keys = [k for k in self._items if k.voice == voice]
+        for k in keys:
+            self._bytes -= self.cost(k, self._items.pop(k))
+        self._publish()
+        return len(keys)
+
     def _publish(self) -> None:
         if self.metrics:
             self.metrics.bytes.set(self._bytes)

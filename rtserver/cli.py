@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import wave
 from pathlib import Path
 from typing import Any
 
+from rtserver import __version__
 from rtserver.client import RtClientError
 from rtserver.config import Config, load_config
 from rtserver.errors import ConfigError, RtError
@@ -20,18 +22,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voice", help="default voice: piper:en_US-joe-medium (embedded), a "
                    "path to a Piper .onnx, or orpheus:<speaker>")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="log lines as text (default) or one JSON object each")
 
 
 def _config(args: argparse.Namespace, **flags: Any) -> Config:
-    flags.update({"voice.default": args.voice, "server.log_level": args.log_level})
+    flags.update({"voice.default": args.voice, "server.log_level": args.log_level,
+                  "server.log_format": args.log_format})
     return load_config(args.config, flags=flags)
 
 
-def _setup_logging(level: str) -> None:
-    import logging
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from rtserver.logs import setup_logging
 
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(level, fmt)
 
 
 def _run(coro: Any) -> Any:
@@ -44,16 +48,21 @@ def _run(coro: Any) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rtserver.server.app import serve_forever
-    from rtserver.server.workers import Supervisor, child_command, plan_workers
+    from rtserver.server.workers import (
+        Supervisor,
+        child_command,
+        plan_workers,
+        require_shared_secret,
+    )
 
     config = _config(args, **{"server.host": args.host, "server.port": args.port,
                               "server.workers": args.workers,
                               "server.reuse_port": True if args.reuse_port else None})
-    _setup_logging(config.server.log_level)
+    _setup_logging(config.server.log_level, config.server.log_format)
     s = config.server
     passed = [a for name, flag in (("config", "--config"), ("voice", "--voice"),
-                                   ("log_level", "--log-level"), ("host", "--host"),
-                                   ("port", "--port"))
+                                   ("log_level", "--log-level"), ("log_format", "--log-format"),
+                                   ("host", "--host"), ("port", "--port"))
               if getattr(args, name) is not None for a in (flag, str(getattr(args, name)))]
     if config.gpu.worker == "process" and not config.gpu.endpoint:
         from rtserver.server.split import supervise_split
@@ -68,8 +77,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         plan = plan_workers(s.workers)
         if s.port == 0:
             raise ConfigError("server.workers > 1 needs a fixed port (not 0)")
+        require_shared_secret(len(plan.gpus), s.api_keys, config.admission.token_secret)
         return Supervisor(child_command(passed), plan, drain_timeout_s=s.drain_timeout_s,
                           url=f"ws://{s.host}:{s.port}/v1/stream").run()
+    if s.reuse_port and s.api_keys and not config.admission.token_secret:
+        # other processes may share the port (this one cannot count them)
+        logging.getLogger("rtserver.server").warning(
+            "reuse_port with API keys but no admission.token_secret: browser tokens minted "
+            "by this process are refused by any other process on the port")
     return int(_run(serve_forever(config)))  # non-zero after an engine died
 
 
@@ -80,7 +95,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from rtserver.worker.proc import run_worker
 
     config = _config(args, **{"gpu.endpoint": args.endpoint})
-    _setup_logging(config.server.log_level)
+    _setup_logging(config.server.log_level, config.server.log_format)
     return int(_run(run_worker(config, on_ready=notify_ready)))
 
 
@@ -96,7 +111,7 @@ def cmd_say(args: argparse.Namespace) -> int:
                                            voice=args.voice, token=args.token))
     else:
         config = _config(args)
-        _setup_logging(args.log_level or "warning")
+        _setup_logging(args.log_level or "warning", config.server.log_format)
         result = _run(speak_in_process(config, text, sample_rate=args.sample_rate,
                                        progress=lambda m: print(f"rtserver: {m}",
                                                                 file=sys.stderr)))
@@ -138,6 +153,7 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtserver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rtserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the streaming server")
     _add_common(p)

@@ -81,8 +81,11 @@ class ServerConfig:
     # File descriptors beyond max_connections (voices, engine, logs, pools);
     # the process raises its soft limit to max_connections + this at start.
     fd_margin: int = 256
-    web_root: str = ""  # empty: the packaged web_demo/ folder
+    web_root: str = ""  # empty: the packaged rtserver/web_demo/ folder
     log_level: str = "info"
+    # "text": one line per record; "json": one JSON object per line (ts, level,
+    # logger, message, request_id, exc), for log collectors (rtserver/logs.py).
+    log_format: str = "text"
     # Bind with SO_REUSEPORT so several processes share the port (the kernel
     # spreads connections); such a process listens only once warmed up.
     reuse_port: bool = False
@@ -128,9 +131,11 @@ class AdmissionConfig:
     breaker_failures: int = 5
     breaker_cooldown_s: float = 5.0
     breaker_max_cooldown_s: float = 60.0
-    # HMAC key for browser tokens (POST /v1/tokens); empty: a random key made
-    # at start, so tokens are valid for this process only (set it when several
-    # processes serve one address).
+    # HMAC key for browser tokens (POST /v1/tokens), at least 32 characters
+    # (``openssl rand -hex 32``); empty: a random key made at start, so tokens
+    # are valid for this process only. Required, the same everywhere, when
+    # several processes serve one address with API keys set (``--workers``,
+    # front ends of a GPU worker, replicas behind a Service: docs/DEPLOY.md).
     token_secret: str = ""
     token_ttl_s: float = 300.0
     token_max_ttl_s: float = 3600.0
@@ -395,6 +400,11 @@ def load_config(
     return config
 
 
+# An HMAC-SHA256 key's worth of entropy as hex (RFC 2104: at least the hash's
+# output length is recommended).
+MIN_TOKEN_SECRET_CHARS = 32
+
+
 def _validate(config: Config) -> None:
     s = config.server
     if not 0 <= s.port <= 65535:
@@ -404,6 +414,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     if s.overload_after_s <= 0:
         raise ConfigError("server.overload_after_s must be > 0")
+    if s.log_format not in ("text", "json"):
+        raise ConfigError(f"server.log_format {s.log_format!r}: 'text' or 'json'")
     for name in ("max_queued_messages", "messages_per_s", "message_burst"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"server.{name} must be > 0")
@@ -416,6 +428,9 @@ def _validate(config: Config) -> None:
         raise ConfigError("admission.rate_keys and admission.breaker_failures must be >= 1")
     if not 0 < a.breaker_cooldown_s <= a.breaker_max_cooldown_s:
         raise ConfigError("admission: 0 < breaker_cooldown_s <= breaker_max_cooldown_s")
+    if a.token_secret and len(a.token_secret) < MIN_TOKEN_SECRET_CHARS:
+        raise ConfigError(f"admission.token_secret must be at least {MIN_TOKEN_SECRET_CHARS} "
+                          "characters (for example: openssl rand -hex 32)")
     if not 0 < a.token_ttl_s <= a.token_max_ttl_s:
         raise ConfigError("admission: 0 < token_ttl_s <= token_max_ttl_s")
     if not 0 <= a.retry_min_ms <= a.retry_max_ms:

@@ -49,6 +49,8 @@ class RtError(Exception):
         self.message = message
         self.context = context
         self.retry_after_ms = retry_after_ms
+        # the id of the request or context it is about (echoed in the error)
+        self.request_id: str | None = None
 
 
 class BadMessage(RtError):
@@ -77,6 +79,12 @@ class UnsupportedFormat(RtError):
 
 class UnknownVoice(RtError):
     code = ErrorCode.UNKNOWN_VOICE
+
+
+class BadAdapter(UnknownVoice):
+    """A LoRA adapter that cannot serve: its folder is missing, it is not in
+    PEFT layout, or the engine refused it (rank, modules, shapes); the message
+    says why. A voice on it is an ``unknown_voice``."""
 
 
 class RateLimited(RtError):

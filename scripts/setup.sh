@@ -37,6 +37,12 @@ if [ "$mode" = test ]; then
   echo "setup: installing rtserver with the piper, test, orpheus-cpu and chattts extras (vLLM takes a few minutes)"
   python -m pip install -q -e ".[piper,test,orpheus-cpu,chattts]"
   python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # The Pipecat and LiveKit plugins (integrations/*/), built as wheels and installed
+  # from them, so the tests import what a user installs (rebuilt on every run: cheap)
+  echo "setup: building and installing the rtserver-pipecat and rtserver-livekit wheels"
+  rm -rf dist/plugins
+  python -m pip wheel -q --no-deps -w dist/plugins integrations/pipecat integrations/livekit
+  python -m pip install -q --no-deps --force-reinstall dist/plugins/*.whl
   # upstream ChatTTS for the parity suite, in its own venv (.venv-parity/)
   PYTHON="$PY" scripts/setup-parity.sh
 elif [ "$mode" = gpu ]; then

@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 . .venv/bin/activate
-echo "test: ruff"; ruff check rtserver tests
+echo "test: ruff"; ruff check rtserver tests integrations
 echo "test: mypy"; mypy rtserver
+mypy integrations/pipecat/rtserver_pipecat integrations/livekit/rtserver_livekit
 echo "test: import-linter"; lint-imports
 echo "test: pytest"
 # -v: each test's name as it starts, so a slow or stuck test is seen while it runs

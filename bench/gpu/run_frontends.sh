@@ -5,6 +5,8 @@
 #   CONFIG   TOML with the voice's own section ([orpheus] or [chattts]) and [voice] default
 #   VOICE    the voice the bench asks for (default orpheus:tara)
 #   FRONTENDS (default "1 2 4 8"), LEVELS (default 64,128,192,256), DURATION (default 15)
+#   STAGGER  seconds over which a level's users join (steady traffic; default 0: all at once)
+#   BURST    levels run again after the sweep with every user at once (e.g. 64), in $O/fF-burst
 # The front ends are this script's own processes (no supervisor), so the bench runs with
 # --url: its CPU table counts only the bench; the front ends' and the worker's CPU is in
 # $O/logs/ps-F.txt (ps after each sweep).
@@ -39,8 +41,14 @@ for F in ${FRONTENDS:-1 2 4 8}; do
   done
   timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
     --load stream --fragment token --tokens-per-s 40 --concurrency ${LEVELS:-64,128,192,256} \
-    --duration ${DURATION:-15} --warmup 1 --no-plots --note "$F front-end process(es), one GPU worker" \
-    --out "$O/f$F" 2>&1 | tail -8
+    --duration ${DURATION:-15} --stagger-s ${STAGGER:-0} --warmup 1 --no-plots \
+    --note "$F front-end process(es), one GPU worker" --out "$O/f$F" 2>&1 | tail -8
+  if [ -n "${BURST:-}" ] && [ "$(left)" -gt 60 ]; then
+    timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
+      --load stream --fragment token --tokens-per-s 40 --concurrency $BURST \
+      --duration ${DURATION:-15} --warmup 1 --no-plots \
+      --note "$F front-end process(es), one GPU worker, burst" --out "$O/f$F-burst" 2>&1 | tail -3
+  fi
   ps -o pid,pcpu,rss,etimes,args -p "$WPID,$(IFS=,; echo "${PIDS[*]}")" > "$O/logs/ps-$F.txt"
   kill -TERM "${PIDS[@]}"; wait "${PIDS[@]}" 2>/dev/null
 done

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import wave
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # rtserver_livekit, uninstalled
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import wave
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # rtserver_pipecat, uninstalled
 
 from pipecat.frames.frames import (
     EndFrame,

@@ -32,7 +32,9 @@ Helpers: ``send_tokens(ctx, tokens)`` pipes a token stream (sync or async)
 into a context and ends it; ``openai_text(stream)`` yields the text of an
 OpenAI-style chat completion stream; ``report_played(ctx, heard_ms)`` sends
 ``played`` while the listener hears the audio; ``word_times`` places a
-segment's words within its audio; ``say_sync`` is the blocking one-liner::
+segment's words within its audio (the server's ``words`` events do it
+better: ``ContextStream.words``, ``ContextResult.word_spans``, each event's
+``timing`` "model" or "estimated"); ``say_sync`` is the blocking one-liner::
 
     reply = await llm.chat.completions.create(model=m, messages=msgs, stream=True)
     async with RtClient.connect(url) as client:
@@ -47,16 +49,17 @@ segment's words within its audio; ``say_sync`` is the blocking one-liner::
 from __future__ import annotations
 
 from rtserver.client.connection import RtClient, say_sync
-from rtserver.client.context import ContextStream
+from rtserver.client.context import TERMINAL_ERROR_CODES, ContextStream
 from rtserver.client.decode import decode_frames
 from rtserver.client.errors import ConnectionLost, HandshakeRejected, ServerError
 from rtserver.client.events import AudioFrames, ContextResult, ContextTimes, Event
 from rtserver.client.helpers import openai_text, report_played, send_tokens, word_times
 from rtserver.errors import ProtocolViolation, RtClientError, SeqGapError
-from rtserver.protocol.messages import parse_server_message
+from rtserver.protocol.messages import Words, WordSpan, parse_server_message
 from rtserver.protocol.wire import SeqTracker
 
 __all__ = [
+    "TERMINAL_ERROR_CODES",
     "AudioFrames",
     "ConnectionLost",
     "ContextResult",
@@ -70,6 +73,8 @@ __all__ = [
     "SeqGapError",
     "SeqTracker",
     "ServerError",
+    "WordSpan",
+    "Words",
     "decode_frames",
     "openai_text",
     "parse_server_message",

@@ -92,10 +92,13 @@ class RtClient:
 
     async def start(self, context: str | None = None, *, voice: str | None = None,
                     format: str = "opus", sample_rate: int = 48000, frame_ms: int = 20,
-                    reply_timeout_s: float | None = 10.0) -> ContextStream:
+                    reply_timeout_s: float | None = 10.0,
+                    request_id: str | None = None) -> ContextStream:
         """Open a context (a name is made up when ``context`` is None) and wait for
         `started`; a refusal raises ``ServerError`` (``duplicate_context``,
-        ``too_many_contexts``, ``unsupported_format``, ``unknown_voice``, ...)."""
+        ``too_many_contexts``, ``unsupported_format``, ``unknown_voice``, ...).
+        ``request_id``: the context's id in the server's replies and logs (your
+        LLM call's, say); the server makes one when it is None."""
         if self.closed:
             raise ConnectionLost(self.close_code, self.close_reason)
         name = context if context is not None else f"c{next(self._names)}"
@@ -105,7 +108,7 @@ class RtClient:
         self._contexts[name] = ctx
         self._recent.pop(name, None)
         message = Start(context=name, voice=voice, format=format, sample_rate=sample_rate,
-                        frame_ms=frame_ms)
+                        frame_ms=frame_ms, request_id=request_id)
         ctx.times.start_sent_at = self.clock()
         try:
             await self._send(message)

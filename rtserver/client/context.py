@@ -22,6 +22,7 @@ from rtserver.protocol.messages import (
     SegmentStarted,
     Started,
     Text,
+    Words,
 )
 from rtserver.protocol.wire import SeqTracker
 
@@ -45,6 +46,7 @@ class ContextStream:
         self.cancelled: Cancelled | None = None
         self.error: ErrorMessage | None = None
         self.errors: list[ErrorMessage] = []
+        self.words: list[Words] = []  # ``words`` events: when each word is heard
         self.failure: RtClientError | None = None
         self._started: Started | None = None
         self._chars = 0
@@ -173,7 +175,8 @@ class ContextStream:
         return ContextResult(
             context=self.context, started=started, frames=tuple(frames), pcm=pcm,
             done=self.done, cancelled=self.cancelled, error=self.error,
-            errors=tuple(self.errors), failure=failure or self.failure, times=self.times)
+            errors=tuple(self.errors), failure=failure or self.failure, times=self.times,
+            words=tuple(self.words))
 
     # --- called by the reader -------------------------------------------------------
 
@@ -191,6 +194,8 @@ class ContextStream:
             self.times.segments.append((now, message))
         elif isinstance(message, BufferHint):
             self.times.buffer_hints.append((now, message))
+        elif isinstance(message, Words):
+            self.words.append(message)
         self._queue.put_nowait(message)
 
     def _on_audio(self, message: AudioFrames) -> None:

@@ -13,6 +13,8 @@ from rtserver.protocol.messages import (
     ErrorMessage,
     SegmentStarted,
     Started,
+    Words,
+    WordSpan,
 )
 from rtserver.protocol.wire import AudioMessage
 
@@ -33,7 +35,8 @@ class AudioFrames(AudioMessage):
         return self.seq + len(self.frames)
 
 
-Event = Started | SegmentStarted | BufferHint | AudioFrames | Done | Cancelled | ErrorMessage
+Event = (Started | SegmentStarted | BufferHint | Words | AudioFrames | Done | Cancelled
+         | ErrorMessage)
 
 
 
@@ -74,6 +77,12 @@ class ContextResult:
     errors: tuple[ErrorMessage, ...]  # every error for the context, ending or not
     failure: RtClientError | None  # a protocol violation or a lost connection
     times: ContextTimes
+    words: tuple[Words, ...] = ()  # every ``words`` event, in order
+
+    @property
+    def word_spans(self) -> list[WordSpan]:
+        """Every word the context spoke, in order, with when it is heard."""
+        return [w for event in self.words for w in event.words]
 
     @property
     def frame_count(self) -> int:

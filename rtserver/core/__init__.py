@@ -3,10 +3,13 @@
 ``SpeechCore`` holds the voices and what contexts share; ``core.open(start,
 sink)`` gives a ``SpeechContext`` (``feed``/``flush``/``end``, ``await run()``,
 ``await cancel()``); ``speak(core, start)`` runs one with a queue to iterate;
-``core.predicted_first_heard_ms(start)`` is admission's prediction (the one
-model of ``first_heard``). Modules, top to bottom (``lint-imports``): stream,
-speech, context, speaker, segments and first_heard, inputs and framing and
-shared, events and stats.
+``core.predicted_first_heard_ms(start)`` is the one model of first heard
+audio (``first_heard``), and ``core.admission_first_heard_ms(start)`` the
+same corrected by what listeners reported (``heard``: ``played``), which
+admission compares with its target. Modules, top to bottom
+(``lint-imports``): stream, speech, context, speaker, segments and
+first_heard, inputs and framing and shared, events and stats and words,
+heard.
 No transport here: the WebSocket server, the HTTP endpoint and ``rtserver say``
 are sinks.
 """

@@ -19,6 +19,7 @@ import logging
 
 from rtserver.audio.framer import Framer
 from rtserver.core.events import Finished, Ledger, Sink, SinkClosed
+from rtserver.core.heard import FirstHeard
 from rtserver.core.inputs import ContextInput
 from rtserver.core.segments import SegmentLoop, SegmentQueue
 from rtserver.core.shared import Shared
@@ -36,7 +37,7 @@ class SpeechContext:
     """One context of a core (``SpeechCore.open``) writing into ``sink``."""
 
     def __init__(self, shared: Shared, start: Start, voice: Voice, stats: VoiceStats,
-                 sink: Sink, stream: int = 0) -> None:
+                 sink: Sink, stream: int = 0, predicted_ms: float | None = None) -> None:
         self.shared = shared
         self.context = start.context
         self.start = start
@@ -50,6 +51,10 @@ class SpeechContext:
                                     shared.hint_config, stats, self.ledger, shared.clock)
         self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue)
         self.heard_ms = 0.0  # what the listener reported hearing (``played``)
+        hist = shared.metrics.time_to_first_heard
+        self.first_heard = FirstHeard(  # ``predicted_ms``: admission's, at the start
+            voice=voice.info.name, predicted_ms=predicted_ms, correction=stats.heard,
+            report=lambda name, seconds: hist.labels(name).observe(seconds))
         self.outcome: str | None = None  # "done" | "failed" | "cancelled" | "closed"
         self._task: asyncio.Task[object] | None = None
         self._cancelling = False
@@ -70,6 +75,20 @@ class SpeechContext:
 
     def end(self) -> None:
         self.input.end()
+
+    def played(self, audio_ms: float) -> float | None:
+        """The listener reports hearing ``audio_ms`` of the context; its first
+        report gives the time to first heard audio (seconds, else None)."""
+        self.heard_ms = audio_ms
+        self._heard_facts()
+        return self.first_heard.played(audio_ms, self.shared.clock.now())
+
+    def _heard_facts(self) -> None:
+        """What ``first_heard`` needs of the context, as it stands."""
+        heard = self.first_heard
+        heard.text_complete_at = self.segments.first_segment_at
+        heard.first_sent_at = self.ledger.first_sent_at
+        heard.sent_ms = float((self.ledger.last_sent_seq + 1) * self.start.frame_ms)
 
     # --- running -----------------------------------------------------------------
 
@@ -150,9 +169,9 @@ class SpeechContext:
                 sent = self.ledger.first_sent_at
                 if sent is not None:
                     points.append(("send", t["queued"], sent))
-        hist = self.shared.metrics.first_audio_stage_ms
+        hist = self.shared.metrics.first_audio_stage_seconds
         for stage, a, b in points:
-            hist.labels(self.voice.info.name, stage).observe(max(0.0, 1000.0 * (b - a)))
+            hist.labels(self.voice.info.name, stage).observe(max(0.0, b - a))
 
     # --- the end -----------------------------------------------------------------
 
@@ -176,6 +195,7 @@ class SpeechContext:
         if self.outcome is not None:
             return
         self.outcome = outcome
+        self._heard_facts()  # a ``played`` may come after the end
         shared = self.shared
         shared.load.active -= 1
         metrics = shared.metrics
@@ -184,9 +204,9 @@ class SpeechContext:
         ttfa = self.ttfa_ms()
         first_hint = self.speaker.first_hint_ms
         if ttfa is not None and outcome == "done":
-            metrics.ttfa_ms.labels(name).observe(ttfa)
+            metrics.ttfa_seconds.labels(name).observe(ttfa / 1000.0)
             if first_hint is not None:
-                metrics.first_heard_ms.labels(name).observe(ttfa + first_hint)
+                metrics.first_heard_seconds.labels(name).observe((ttfa + first_hint) / 1000.0)
         log.info("context %s voice=%s chars=%d audio_ms=%d ttfa_ms=%s rtf=%.3f heard_ms=%.0f",
                  outcome, name, self.input.chars_in, self.ledger.next_seq * self.start.frame_ms,
                  "-" if ttfa is None else f"{ttfa:.1f}",

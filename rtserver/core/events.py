@@ -1,9 +1,9 @@
 """What a speech context emits, and the narrow ``Sink`` that takes it.
 
 Events are typed and frozen. Control events are the protocol's own messages
-(``segment``, ``buffer``, ``cancelled``, ``error``: small, never waiting);
-audio comes as ``AudioFrames`` (encoded frames with their seqs; putting it may
-wait: backpressure); ``Finished`` closes a context that spoke to its end and
+(``segment``, ``buffer``, ``words``, ``cancelled``, ``error``: small, never
+waiting); audio comes as ``AudioFrames`` (encoded frames with their seqs;
+putting it may wait: backpressure); ``Finished`` closes a context that spoke to its end and
 builds its ``done`` when the sink has delivered the audio before it.
 
 The sink tells the core what it delivered through the context's ``Ledger``
@@ -17,9 +17,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rtserver.clock import Clock
-from rtserver.protocol.messages import BufferHint, Cancelled, Done, ErrorMessage, SegmentStarted
+from rtserver.protocol.messages import (
+    BufferHint,
+    Cancelled,
+    Done,
+    ErrorMessage,
+    SegmentStarted,
+    Words,
+)
 
-ControlEvent = SegmentStarted | BufferHint | Cancelled | ErrorMessage
+ControlEvent = SegmentStarted | BufferHint | Words | Cancelled | ErrorMessage
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.segments import SegmentQueue
 from rtserver.core.shared import Shared
 from rtserver.core.stats import VoiceStats
+from rtserver.core.words import estimated_times, timed_words
 from rtserver.errors import EngineFailed, RtError
 from rtserver.pacing.hints import ahead_ms, prebuffer_ms
 from rtserver.protocol.messages import BufferHint, SegmentStarted, Start
@@ -61,6 +62,7 @@ class Speaker:
         self.first_times: dict[str, float] = {}
         self.first_marks = Marks(shared.clock)
         self._blocked_s = 0.0  # time the current segment waited on a full sink
+        self._voice_samples = 0  # the voice's audio so far, every segment's (words' timeline)
 
     async def run(self) -> None:
         """Speak every segment, then the framer's tail (the last frame)."""
@@ -78,6 +80,8 @@ class Speaker:
                 seq=self.ledger.next_seq))
             pending_start = True
             self._send_hint(seg)  # fresh rtf for a resume after underrun
+            if self.voice.info.word_timing != "model":
+                self._send_estimated_words(seg)
             pending_start = await self._speak(seg, resampler, pending_start)
         tail: list[bytes] = []
         if resampler is not None:
@@ -101,6 +105,7 @@ class Speaker:
         if first_audio:
             self.first_times = {"began": began}
         seg_samples = 0
+        seg_start_s = self._voice_samples / self.voice.info.sample_rate
         live = self.stats.live
         live.begin(request.request_id, began)
         try:
@@ -108,6 +113,9 @@ class Speaker:
                 async for chunk in chunks:
                     if first_audio and "pcm" not in self.first_times:
                         self.first_times["pcm"] = now()
+                    if chunk.words:  # before the frames they describe
+                        self.sink.control(timed_words(self.start.context, seg, chunk.words,
+                                                      seg_start_s, timing="model"))
                     seg_samples += len(chunk.samples)
                     live.progress(request.request_id, seg_samples / chunk.sample_rate,
                                   self._blocked_s, now())
@@ -132,6 +140,7 @@ class Speaker:
             raise EngineFailed(f"voice failed: {exc}", context=self.start.context) from exc
         finally:
             live.end(request.request_id)
+            self._voice_samples += seg_samples
         # generation time: without the waits on a full sink, which are the
         # client's pace, not the voice's
         gen_s = max(0.0, now() - began - self._blocked_s)
@@ -163,6 +172,18 @@ class Speaker:
         t = clock.now()
         await self.sink.audio(AudioFrames(ledger, seq, tuple(frames), segment_start, last))
         self._blocked_s += clock.now() - t
+
+    # --- words -----------------------------------------------------------------
+
+    def _send_estimated_words(self, seg: Segment) -> None:
+        """``words`` for a voice that does not time them: spread over the
+        segment's expected audio (its measured audio per character)."""
+        audio_s = len(seg.text) * self.stats.audio_ms_per_char / 1000.0
+        start_s = self._voice_samples / self.voice.info.sample_rate
+        times = estimated_times(seg.text, audio_s)
+        if times:
+            self.sink.control(timed_words(self.start.context, seg, times, start_s,
+                                          timing="estimated"))
 
     # --- hints -----------------------------------------------------------------
 

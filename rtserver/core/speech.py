@@ -74,7 +74,9 @@ class SpeechCore:
         transport's task group). Raises ``UnknownVoice`` / ``UnsupportedFormat``
         for options it cannot serve."""
         name, found = self._voice(start, voice)
-        return SpeechContext(self, start, found, self.stats_for(name), sink, stream)
+        predicted = self.predicted_first_heard_ms(start, name)
+        return SpeechContext(self, start, found, self.stats_for(name), sink, stream,
+                             predicted_ms=predicted)
 
     def predicted_first_heard_ms(self, start: Start, voice: str | None = None) -> float:
         """When a listener of a context opened now with ``start`` (on ``voice``,
@@ -91,6 +93,13 @@ class SpeechCore:
         return predicted_first_heard_ms(self.stats_for(name), found.info, heard,
                                         self.hint_config, self.segmenter_config.limit,
                                         self.clock.now())
+
+    def admission_first_heard_ms(self, start: Start, voice: str | None = None) -> float:
+        """``predicted_first_heard_ms`` corrected by what the voice's listeners
+        reported hearing (``heard.ListenerCorrection``): what admission
+        compares with its target."""
+        name, _ = self._voice(start, voice)
+        return self.stats_for(name).heard.corrected_ms(self.predicted_first_heard_ms(start, name))
 
     def _voice(self, start: Start, voice: str | None) -> tuple[str, Voice]:
         name = voice or start.voice or self.default_voice

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rtserver.core.heard import ListenerCorrection
 from rtserver.pacing.rates import LiveRates, RtfTracker
 
 # Until the first measurement of a voice, assume this many ms of audio per
@@ -31,6 +32,8 @@ class VoiceStats:
     live: LiveRates = field(default_factory=LiveRates)  # segments in flight
     load: ServerLoad = field(default_factory=ServerLoad)  # shared by the server's voices
     parallel: int = 0  # VoiceInfo.parallel_segments
+    # listeners' first heard audio against the predictions (``played``)
+    heard: ListenerCorrection = field(default_factory=ListenerCorrection)
 
     @property
     def measured(self) -> bool:

@@ -5,12 +5,14 @@ imports nothing heavy; ``vllm_engine`` needs vLLM (and torch).
 """
 
 from rtserver.engine.base import (
+    Adapter,
     CodeDelta,
     CyclicTokenMask,
     EngineCollector,
     EngineStats,
     HiddenStates,
     HistogramData,
+    LoraEngine,
     MultiCodebookEngine,
     PromptEmbedding,
     SamplingSettings,
@@ -20,12 +22,14 @@ from rtserver.engine.base import (
 )
 
 __all__ = [
+    "Adapter",
     "CodeDelta",
     "CyclicTokenMask",
     "EngineCollector",
     "EngineStats",
     "HiddenStates",
     "HistogramData",
+    "LoraEngine",
     "MultiCodebookEngine",
     "PromptEmbedding",
     "SamplingSettings",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -81,6 +81,20 @@ class PromptEmbedding:
 
 
 @dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter in PEFT layout (``adapter_config.json`` +
+    ``adapter_model.safetensors`` in ``path``) applied to a request's model.
+    ``id``: unique per adapter loaded in the process (>= 1); a new adapter
+    under an old name gets a new id. Engines serve only adapters added to them
+    (``LoraEngine.add_adapter``), so a broken one is refused before any
+    request carries it."""
+
+    name: str
+    id: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenRequest:
     """One generation. ``priority``: lower runs first (vLLM's convention); a
     context's first segment gets 0, later ones 1, so TTFA is not queued behind
@@ -88,7 +102,8 @@ class TokenRequest:
 
     Multi-codebook engines: ``stop_token_ids`` apply to the first codebook;
     ``want_hidden`` asks for the hidden state of each step in ``CodeDelta``;
-    ``embeddings`` replace prompt positions. Engines that do not support a
+    ``embeddings`` replace prompt positions; ``adapter`` runs the request through
+a LoRA adapter (engines that batch several adapters at once: vLLM). Engines that do not support a
     field that is set fail the request with ``EngineFailed``."""
 
     request_id: str
@@ -100,6 +115,7 @@ class TokenRequest:
     mask: CyclicTokenMask | None = None
     want_hidden: bool = False
     embeddings: tuple[PromptEmbedding, ...] = ()
+    adapter: Adapter | None = None  # a LoRA adapter the engine has added; None: the base
 
 
 class HiddenStates(Protocol):
@@ -238,6 +254,21 @@ class TokenEngine(Protocol[D_co]):
     def stats(self) -> EngineStats: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoraEngine(Protocol):
+    """An engine that serves LoRA adapters beside its base model, several in
+    one batch (vLLM with ``max_loras``)."""
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        """Load and check ``adapter`` (its folder is read now); requests may then
+        carry it. Raises ``rtserver.errors.BadAdapter`` with the reason."""
+        ...
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        """Forget ``adapter``; no request in flight may still carry it."""
+        ...
 
 
 # One id per step (Orpheus on vLLM): deltas are the engine's own id sequences.

@@ -18,6 +18,16 @@ DELTA streams of token ids out.
   to the voice and lets vLLM pick the V2 runner, whose penalties and sampling
   run on the GPU: on an H200 at 128 streams, Orpheus-3B shapes, 23.5k tokens/s
   against 16.9k with the mask on V1 (bench/results/h200-orpheus-v2-2026-12-02).
+- LoRA (``max_loras`` > 0): each request may carry an ``Adapter``, sent as its
+  ``LoRARequest``; vLLM batches up to ``max_loras`` adapters in one step.
+  ``add_adapter`` loads an adapter through vLLM's ``add_lora`` first, which
+  reads and checks it (PEFT config, rank, target modules, shapes) and raises
+  without harm; a request carrying an adapter vLLM cannot load would
+  instead fail inside the engine step and kill the engine (vLLM 0.32 on the
+  CPU did: ``EngineDeadError``), so ``generate`` refuses adapters not added.
+  ``max_cpu_loras`` (``max_adapters``) bounds the adapters kept loaded; more
+  than that are refused rather than evicted (an evicted adapter is read again
+  from its folder at request time, with the same risk).
 - Stats: a ``StatLoggerBase`` fed by vLLM after every engine step (running,
   waiting, KV cache usage, prefix cache, tokens) plus our own time to the
   first, the 7th and the 28th token, measured from submitting to the delta
@@ -43,13 +53,14 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
+    Adapter,
     CyclicTokenMask,
     EngineStats,
     HistogramAccumulator,
     TokenRequest,
 )
 from rtserver.engine.quantization import declared_quantization, resolve_quantization
-from rtserver.errors import ConfigError, EngineDead, EngineFailed
+from rtserver.errors import BadAdapter, ConfigError, EngineDead, EngineFailed
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -92,6 +103,10 @@ class VllmEngineConfig:
     stream_interval: int = 1
     # vLLM's own request logging (one line per request); off for speed.
     log_requests: bool = False
+    # LoRA: adapters in one batch (vLLM max_loras); 0: LoRA off.
+    max_loras: int = 0
+    max_lora_rank: int = 64  # the largest adapter rank (vLLM: 1, 8, 16, 32, 64, 128, ...)
+    max_adapters: int = 32  # adapters kept loaded at once (vLLM max_cpu_loras)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +310,7 @@ class VllmEngine:
         self._live = _LiveStats()
         self._open: set[str] = set()
         self._dead: BaseException | None = None
+        self._adapters: dict[int, Adapter] = {}  # added, by id
 
     # lifecycle -------------------------------------------------------------
 
@@ -312,6 +328,10 @@ class VllmEngine:
             kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
         if c.token_guard == "mask":
             kwargs["logits_processors"] = [CyclicMaskLogitsProcessor]
+        if c.max_loras > 0:
+            kwargs |= {"enable_lora": True, "max_loras": c.max_loras,
+                       "max_lora_rank": c.max_lora_rank,
+                       "max_cpu_loras": max(c.max_adapters, c.max_loras)}
         return AsyncEngineArgs(
             model=c.model,
             load_format="dummy" if c.dummy_weights else "auto",
@@ -375,6 +395,17 @@ class VllmEngine:
     def healthy(self) -> bool:
         return self._llm is not None and self._dead is None and not self._llm.errored
 
+    def dead_reason(self) -> str | None:
+        """Why vLLM is gone for good (a request saw ``EngineDeadError``, or its
+        engine core process died: ``AsyncLLM.errored``, which vLLM's monitor
+        of the core's process sets with no request in flight), else None."""
+        if self._dead is not None:
+            return f"vLLM died: {type(self._dead).__name__}: {self._dead}"
+        llm = self._llm
+        if llm is not None and llm.errored:
+            return "vLLM's engine core died"
+        return None
+
     # requests --------------------------------------------------------------
 
     def sampling_params(self, request: TokenRequest) -> SamplingParams:
@@ -409,6 +440,7 @@ class VllmEngine:
         if self._dead is not None or llm.errored:
             raise EngineDead("the vLLM engine has died")
         params = self.sampling_params(request)
+        lora = self._lora_request(request.adapter)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         priority = request.priority if self.config.priority_scheduling else 0
         rid = request.request_id
@@ -421,7 +453,7 @@ class VllmEngine:
         count = 0  # tokens so far, for the time to 7 and to 28 tokens
         finished = False
         try:
-            stream = llm.generate(prompt, params, rid, priority=priority)
+            stream = llm.generate(prompt, params, rid, priority=priority, lora_request=lora)
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     completion = out.outputs[0] if out.outputs else None
@@ -459,6 +491,57 @@ class VllmEngine:
                 # stream was closed between two outputs. Unknown ids are no-ops.
                 live.aborted += 1
                 await self._abort_quietly(llm, rid)
+
+    # LoRA -----------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> list[Adapter]:
+        """The adapters added and not removed."""
+        return list(self._adapters.values())
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        """Load ``adapter`` in vLLM (it reads and checks the folder now);
+        ``BadAdapter`` with vLLM's reason if it cannot serve."""
+        from vllm.lora.request import LoRARequest
+
+        llm = self._llm
+        if llm is None:
+            raise EngineFailed("the vLLM engine is not started")
+        if self.config.max_loras <= 0:
+            raise BadAdapter(f"adapter {adapter.name}: LoRA is off for this model "
+                             "(set max_loras)")
+        if adapter.id in self._adapters:
+            raise BadAdapter(f"adapter {adapter.name}: id {adapter.id} is taken")
+        if len(self._adapters) >= self.config.max_adapters:
+            raise BadAdapter(f"adapter {adapter.name}: {self.config.max_adapters} adapters are "
+                             "loaded already (max_adapters); remove one first")
+        try:
+            await llm.add_lora(LoRARequest(adapter.name, adapter.id, adapter.path))
+        except Exception as exc:
+            if llm.errored:
+                raise EngineDead(f"vLLM died loading adapter {adapter.name}: {exc}") from exc
+            raise BadAdapter(f"adapter {adapter.name}: {_lora_reason(exc)}") from None
+        self._adapters[adapter.id] = adapter
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        if self._adapters.pop(adapter.id, None) is None:
+            return
+        llm = self._llm
+        if llm is not None and not llm.errored:
+            try:
+                await llm.remove_lora(adapter.id)
+            except Exception as exc:
+                log.warning("removing adapter %s from vLLM failed: %s", adapter.name, exc)
+
+    def _lora_request(self, adapter: Adapter | None) -> Any:
+        if adapter is None:
+            return None
+        if self._adapters.get(adapter.id) != adapter:
+            # never let vLLM meet an adapter it has not checked (see the module docstring)
+            raise BadAdapter(f"adapter {adapter.name} is not loaded")
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(adapter.name, adapter.id, adapter.path)
 
     async def _abort_quietly(self, llm: AsyncLLM, request_id: str) -> None:
         try:
@@ -502,3 +585,11 @@ class VllmEngine:
         """Requests vLLM's frontend still tracks (0 once every abort landed)."""
         llm = self._llm
         return llm.get_num_unfinished_requests() if llm is not None else 0
+
+
+def _lora_reason(exc: BaseException) -> str:
+    """vLLM's reason for refusing an adapter, without its wrapping ("Call to
+    add_lora method failed: Worker failed with error '...', please check ...")."""
+    text = str(exc)
+    start, end = text.find("error '"), text.rfind("', please")
+    return text[start + 7:end] if 0 <= start < end else text

@@ -33,6 +33,15 @@ AUDIO_FORMATS: tuple[str, ...] = ("opus", "pcm_s16le")
 SAMPLE_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)
 FRAME_MS: tuple[int, ...] = (10, 20, 40, 60)
 MAX_CONTEXT_ID_CHARS = 64
+# A request id (``X-Request-Id``, ``start.request_id``): what headers, JSON and
+# log lines carry as is.
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID = re.compile(rf"[A-Za-z0-9._:/+=@-]{{1,{MAX_REQUEST_ID_CHARS}}}")
+
+
+def valid_request_id(value: str) -> bool:
+    """1-128 characters, each a letter, digit or one of ``._:/+=@-``."""
+    return _REQUEST_ID.fullmatch(value) is not None
 
 
 # --- client -> server -------------------------------------------------------
@@ -44,6 +53,7 @@ class Start:
     format: str = "opus"
     sample_rate: int = 48000
     frame_ms: int = 20
+    request_id: str | None = None  # the client's id for this context (PROTOCOL-EXTENSIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,38 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_contexts: int
 
 
+WORD_TIMING_MODEL = "model"  # word times from the model's own durations
+WORD_TIMING_ESTIMATED = "estimated"  # words spread over a segment's audio by characters
+
+
+class VoiceCapabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a voice can do: ``ready.voice_info[voice].capabilities`` and the
+    same object in ``GET /v1/voices`` (PROTOCOL-EXTENSIONS.md). Each family
+    declares its voices' in ``rtserver/voices/<family>/capabilities.py``.
+
+    Lists name what is honoured (empty: nothing), so a reader tests them for
+    truth or membership. ``word_timing`` is a string, not a closed set, so a
+    client reading a later server's value keeps working."""
+
+    # "model" (the model's durations) or "estimated" (spread by characters)
+    word_timing: str = WORD_TIMING_ESTIMATED
+    lexicon: tuple[str, ...] = ()  # lexicon entry kinds honoured: "alias", "phoneme"
+    ssml: tuple[str, ...] = ()  # SSML elements honoured: "break", "sub", "phoneme", "prosody"
+    control_tokens: tuple[str, ...] = ()  # in-text tokens the model acts on ("[laugh]")
+    speed: bool = False  # honours a context's speed
+    lora: bool = False  # the voice is a LoRA adapter on its family's base model
+
+
+class VoiceDescription(msgspec.Struct, frozen=True, kw_only=True):
+    """One voice as ``ready.voice_info`` describes it (PROTOCOL.md's planned
+    shape: family, languages, sample rate, capabilities)."""
+
+    family: str
+    languages: tuple[str, ...]
+    sample_rate: int  # the voice's native rate in Hz (``start`` may ask for another)
+    capabilities: VoiceCapabilities = VoiceCapabilities()
+
+
 class Ready(_ServerMessage, frozen=True, kw_only=True, tag="ready"):
     type: ClassVar[str] = "ready"
     server: str = ""
@@ -105,6 +147,9 @@ class Ready(_ServerMessage, frozen=True, kw_only=True, tag="ready"):
     limits: Limits
     default_voice: str = ""
     protocol: int = PROTOCOL_VERSION
+    request_id: str | None = None  # the connection's (its handshake's X-Request-Id)
+    # voice name -> what it is and can do (empty from a server that predates it)
+    voice_info: dict[str, VoiceDescription] = msgspec.field(default_factory=dict)
 
 
 class Started(_ServerMessage, frozen=True, kw_only=True, tag="started"):
@@ -117,6 +162,7 @@ class Started(_ServerMessage, frozen=True, kw_only=True, tag="started"):
     pre_skip: int = 0
     voice: str = ""
     channels: int = 1
+    request_id: str | None = None
 
 
 class SegmentStarted(_ServerMessage, frozen=True, kw_only=True, tag="segment"):
@@ -143,12 +189,14 @@ class Done(_ServerMessage, frozen=True, kw_only=True, tag="done"):
     audio_ms: float
     ttfa_ms: float | None = None
     spoken_text: str = ""
+    request_id: str | None = None
 
 
 class Cancelled(_ServerMessage, frozen=True, kw_only=True, tag="cancelled"):
     type: ClassVar[str] = "cancelled"
     context: str
     last_seq: int  # -1 when no frame was ever sent
+    request_id: str | None = None
 
 
 class ErrorMessage(_ServerMessage, frozen=True, kw_only=True, tag="error"):
@@ -157,12 +205,41 @@ class ErrorMessage(_ServerMessage, frozen=True, kw_only=True, tag="error"):
     message: str = ""
     context: str | None = None
     retry_after_ms: int | None = None
+    request_id: str | None = None
 
 
-ServerMessage = Ready | Started | SegmentStarted | BufferHint | Done | Cancelled | ErrorMessage
+WordTiming = Literal["model", "estimated"]
+
+
+class WordSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """One word of a ``words`` event: its text as spoken, when it is heard
+    (ms from the context's first sample) and where it came from
+    (``[start, end)`` offsets into the context's text as received)."""
+
+    text: str
+    start_ms: float
+    end_ms: float
+    source: tuple[int, int]
+
+
+class Words(_ServerMessage, frozen=True, kw_only=True, tag="words"):
+    """When the words of a segment are heard (PROTOCOL-EXTENSIONS.md, ``words``).
+
+    ``timing`` "model": from the voice's own durations; "estimated": spread
+    over the segment's expected audio by character count."""
+
+    type: ClassVar[str] = "words"
+    context: str
+    segment: int
+    timing: WordTiming
+    words: tuple[WordSpan, ...]
+
+
+ServerMessage = (Ready | Started | SegmentStarted | BufferHint | Words | Done | Cancelled
+                 | ErrorMessage)
 SERVER_MESSAGE_TYPES: dict[str, type[ServerMessage]] = {
     cls.type: cls
-    for cls in (Ready, Started, SegmentStarted, BufferHint, Done, Cancelled, ErrorMessage)
+    for cls in (Ready, Started, SegmentStarted, BufferHint, Words, Done, Cancelled, ErrorMessage)
 }
 
 
@@ -242,6 +319,14 @@ def _context(obj: dict[str, Any]) -> str:
     return ctx
 
 
+def _request_id(obj: dict[str, Any]) -> str | None:
+    rid: str | None = _field(obj, "request_id", str, required=False)
+    if rid is not None and not valid_request_id(rid):
+        raise BadMessage(f"'request_id' must be 1-{MAX_REQUEST_ID_CHARS} letters, digits or "
+                         "._:/+=@-", context=_context_of(obj))
+    return rid
+
+
 def _reject_constant(name: str) -> Any:
     raise BadMessage(f"not JSON: {name} is not a JSON number")
 
@@ -294,6 +379,7 @@ def parse_client_message(data: str) -> ClientMessage:
             format=_field(obj, "format", str, required=False, default="opus"),
             sample_rate=_field(obj, "sample_rate", int, required=False, default=48000),
             frame_ms=_field(obj, "frame_ms", int, required=False, default=20),
+            request_id=_request_id(obj),
         )
     if kind == "text":
         return Text(context=_context(obj), text=_field(obj, "text", str))
@@ -361,9 +447,12 @@ __all__ = [
     "AUDIO_FORMATS",
     "FRAME_MS",
     "MAX_CONTEXT_ID_CHARS",
+    "MAX_REQUEST_ID_CHARS",
     "PROTOCOL_VERSION",
     "SAMPLE_RATES",
     "SERVER_MESSAGE_TYPES",
+    "WORD_TIMING_ESTIMATED",
+    "WORD_TIMING_MODEL",
     "AudioFormat",
     "BufferHint",
     "Cancel",
@@ -381,9 +470,15 @@ __all__ = [
     "Start",
     "Started",
     "Text",
+    "VoiceCapabilities",
+    "VoiceDescription",
+    "WordSpan",
+    "WordTiming",
+    "Words",
     "echo",
     "encode_client_message",
     "encode_server_message",
     "parse_client_message",
     "parse_server_message",
+    "valid_request_id",
 ]

@@ -130,9 +130,9 @@ class Session:
                  voice_aliases: dict[str, str] | None = None,
                  families: Collection[str] = ()) -> None:
         self._limits = limits
-        self._voices = frozenset(voices)
+        self._voices = voices  # read at each start: a live view sees voices added later
         self._families = tuple(families)  # voice families, for unknown_voice's message
-        self._aliases = dict(voice_aliases or {})
+        self._aliases = voice_aliases if voice_aliases is not None else {}  # live, as voices
         self._default_voice = default_voice
         self._contexts: dict[str, _Context] = {}
         self._finished: OrderedDict[str, int] = OrderedDict()  # context -> last_seq
@@ -187,7 +187,11 @@ class Session:
 
     def _handle(self, message: ClientMessage) -> list[Action]:
         if isinstance(message, Start):
-            return self._start(message)
+            try:
+                return self._start(message)
+            except RtError as err:  # a refused start echoes its request id
+                err.request_id = err.request_id or message.request_id
+                raise
         ctx = message.context
         if isinstance(message, Cancel):
             entry = self._contexts.get(ctx)
@@ -202,7 +206,8 @@ class Session:
         entry = self._contexts.get(ctx)
         if entry is None:
             if isinstance(message, Played) and ctx in self._finished:
-                return []  # the listener reports after `done`: normal, nothing to do
+                # the listener reports after `done`: normal; its first report counts
+                return [ListenerProgress(ctx, message.audio_ms)]
             raise UnknownContext(f"no context '{ctx}'", context=ctx)
         if isinstance(message, Played):
             return [ListenerProgress(ctx, message.audio_ms)]
@@ -276,7 +281,7 @@ class Session:
 def error_message(err: RtError) -> ErrorMessage:
     """The one place an RtError becomes a protocol ``error`` message."""
     return ErrorMessage(code=err.code.value, message=err.message, context=err.context,
-                        retry_after_ms=err.retry_after_ms)
+                        retry_after_ms=err.retry_after_ms, request_id=err.request_id)
 
 
 def close_for(err: RtError) -> CloseConnection | None:

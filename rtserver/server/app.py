@@ -16,6 +16,7 @@ import uvicorn
 from rtserver.cache import PhraseCache
 from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode
+from rtserver.server.admin_api import AdminApi
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
 from rtserver.server.http_api import build_http_app
@@ -23,6 +24,7 @@ from rtserver.server.limits import raise_fd_limit
 from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
 from rtserver.server.process_metrics import attach as attach_process_metrics
+from rtserver.server.request_ids import RequestIdMiddleware
 from rtserver.server.state import AppState
 from rtserver.server.token_api import TokenApi
 from rtserver.server.workers import current as current_worker
@@ -46,6 +48,7 @@ class RtServer:
         self._speech: SpeechApi | None = None
         self._encode_pool: ThreadPoolExecutor | None = None
         self._process_metrics = ProcessMetrics()
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -63,10 +66,17 @@ class RtServer:
         threads = self.config.server.encode_threads or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(threads, thread_name_prefix="opus")
         self.app = AppState(config=self.config, voices=self.voice_set.voices,
-                            default_voice=self.voice_set.default, encode_pool=self._encode_pool)
+                            default_voice=self.voice_set.default, encode_pool=self._encode_pool,
+                            makers=self.voice_set.makers)
+        if self.voice_set.watch is not None:  # a GPU worker's voices made at run time
+            self.voice_set.watch(self.app.apply_voice_changes)
         for collector in self.voice_set.collectors:
             self.app.metrics.registry.register(collector)
         app = self.app
+        self._watch = asyncio.create_task(self._watch_engines(), name="engine-watch")
+        connections = self._connections
+        app.metrics.send_queue_audio_seconds.set_function(
+            lambda: sum(c.outbox.queued_ms for c in connections) / 1000.0)
         self._process_metrics = attach_process_metrics(
             app.metrics.registry, self.config, ready=lambda: app.is_ready()[0])
         if s.reuse_port:
@@ -91,8 +101,9 @@ class RtServer:
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
         self._speech = SpeechApi(self.app, cache)
-        http_app = build_http_app(self.app, self._speech, TokenApi(self.app))
-        asgi = RtAsgi(self.app, self._handle, http_app)
+        http_app = build_http_app(self.app, self._speech, TokenApi(self.app),
+                                  AdminApi(self.app, cache))
+        asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, http_app))
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
@@ -104,6 +115,21 @@ class RtServer:
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])
         self._server = server
+
+    async def _watch_engines(self) -> None:
+        """Poll every family's engine probe (``VoiceSet.dead``): an engine that
+        dies with no request in flight (a crashed loop, a killed engine
+        process) takes its voices down and ends the process all the same."""
+        assert self.app is not None and self.voice_set is not None
+        while True:
+            try:
+                dead = self.voice_set.dead()
+            except Exception:  # a probe's bug must not end the watch
+                log.exception("reading the engines' health failed")
+                dead = {}
+            for voice, why in dead.items():
+                self.app.engine_gone(voice, why)
+            await asyncio.sleep(ENGINE_WATCH_S)
 
     async def _handle(self, ws: AsgiWebSocket) -> None:
         assert self.app is not None
@@ -161,6 +187,11 @@ class RtServer:
             self._sock.close()
 
     async def _release(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
         self._process_metrics.close()
         if self.voice_set is not None:
             await self.voice_set.close()
@@ -234,5 +265,7 @@ async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaita
 
 
 # Exit status after an engine died (EX_SOFTWARE of sysexits.h): not 0, so a
-# supervisor or orchestrator restarts the process.
+# supervisor or orchestrator restarts the process (docs/DEPLOY.md, exit codes).
 ENGINE_DEAD_EXIT = 70
+# How often the engines' probes are read: a death is acted on within this.
+ENGINE_WATCH_S = 0.25

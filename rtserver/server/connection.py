@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
+import msgspec
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.core import AudioFrames, Finished, SpeechContext
+from rtserver.core.heard import FirstHeard
 from rtserver.errors import (
     CloseCode,
     ControlFlood,
@@ -30,9 +33,19 @@ from rtserver.errors import (
     RateLimited,
     RtError,
 )
+from rtserver.logs import current_request_id, new_request_id, request_scope
 from rtserver.metrics import REJECT_REASONS
-from rtserver.protocol.messages import ErrorMessage, ServerMessage, Started, encode_server_message
+from rtserver.protocol.messages import (
+    Cancelled,
+    Done,
+    ErrorMessage,
+    Ready,
+    ServerMessage,
+    Started,
+    encode_server_message,
+)
 from rtserver.protocol.session import (
+    RECENTLY_FINISHED,
     CancelContext,
     CloseConnection,
     EndContext,
@@ -69,10 +82,21 @@ class Connection:
             voice_aliases=app.voice_aliases, families=app.families)
         self.outbox = Outbox(capacity_ms=cfg.send_queue_ms)
         self.live: dict[str, SpeechContext] = {}
+        # finished contexts whose listener has not reported hearing them yet
+        self._heard: OrderedDict[str, FirstHeard] = OrderedDict()
         self.key = client_key(ws, app)  # whose rate limits this connection counts against
         self._pace = MessagePace(cfg, app.clock.now())
         self._tasks: set[asyncio.Task[None]] = set()
         self._group: asyncio.TaskGroup | None = None
+        # request ids (docs/PROTOCOL-EXTENSIONS.md): the connection's is its
+        # handshake's (rtserver.server.request_ids); each context has its own,
+        # the client's ``start.request_id`` or "<connection's>-<n>"
+        self.request_id = current_request_id() or new_request_id()
+        self._rids: dict[str, str] = {}
+        # finished contexts' ids, for the replies a late cancel still gets
+        self._recent_rids: OrderedDict[str, str] = OrderedDict()
+        self._opened = 0
+        self.outbox.stamp = self._stamp
 
     async def run(self) -> None:
         """Serve until the client leaves, the server drains, or a fatal error."""
@@ -162,9 +186,7 @@ class Connection:
         elif isinstance(action, CancelContext):
             await self._cancel(action.context)
         elif isinstance(action, ListenerProgress):
-            ctx = self.live.get(action.context)
-            if ctx is not None:
-                ctx.heard_ms = action.audio_ms
+            self._played(action)
         elif isinstance(action, CloseConnection):
             raise _Closing(action)
 
@@ -194,28 +216,36 @@ class Connection:
 
     def _open(self, action: OpenContext) -> None:
         start = action.start
+        self._opened += 1
+        rid = start.request_id or f"{self.request_id}-{self._opened}"
         try:
             self.app.gate.start(self.key, action.voice, self.app.clock.now(), start.context,
-                                lambda: self.app.core.predicted_first_heard_ms(
+                                lambda: self.app.core.admission_first_heard_ms(
                                     start, action.voice))
         except RtError as err:  # refused: it was never open
             self.session.forget(start.context)
+            err.request_id = err.request_id or rid
             self._refuse(err)
             return
-        try:
-            ctx = self.app.core.open(start, self.outbox, stream=action.stream,
-                                     voice=action.voice)
-        except RtError as err:  # the session checked the options; the core agrees
-            self.session.forget(start.context)
-            self._reply(error_message(err))
-            return
-        self.outbox.put_control(Started(
-            context=start.context, stream=action.stream, format=start.format,
-            sample_rate=start.sample_rate, frame_ms=start.frame_ms,
-            pre_skip=ctx.framer.pre_skip, voice=ctx.voice.info.name), start.context)
-        self.live[start.context] = ctx
-        assert self._group is not None
-        task = self._group.create_task(self._run_context(ctx), name=f"ctx:{start.context}")
+        with request_scope(rid):  # the context's tasks log with its id
+            try:
+                ctx = self.app.core.open(start, self.outbox, stream=action.stream,
+                                         voice=action.voice)
+            except RtError as err:  # the session checked the options; the core agrees
+                self.session.forget(start.context)
+                err.request_id = err.request_id or rid
+                self._reply(error_message(err))
+                return
+            self._rids[start.context] = rid
+            self._recent_rids.pop(start.context, None)
+            self.outbox.put_control(Started(
+                context=start.context, stream=action.stream, format=start.format,
+                sample_rate=start.sample_rate, frame_ms=start.frame_ms,
+                pre_skip=ctx.framer.pre_skip, voice=ctx.voice.info.name), start.context)
+            self.live[start.context] = ctx
+            assert self._group is not None
+            task = self._group.create_task(self._run_context(ctx),
+                                           name=f"ctx:{start.context}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -234,7 +264,36 @@ class Connection:
         """The context is over (done sent, failed or cancelled): free its name."""
         ctx = self.live.pop(context, None)
         if ctx is not None:
+            rid = self._rids.pop(context, None)
+            if rid is not None:
+                self._recent_rids[context] = rid
+                while len(self._recent_rids) > RECENTLY_FINISHED:
+                    self._recent_rids.popitem(last=False)
             self.session.context_finished(context, ctx.ledger.last_sent_seq)
+            if ctx.first_heard.waiting:  # its listener's first `played` is still to come
+                self._heard[context] = ctx.first_heard
+                while len(self._heard) > RECENTLY_FINISHED:
+                    self._heard.popitem(last=False)
+
+    def _played(self, action: ListenerProgress) -> None:
+        """A listener's report: the first of each context measures first heard audio."""
+        ctx = self.live.get(action.context)
+        if ctx is not None:
+            ctx.played(action.audio_ms)
+            return
+        heard = self._heard.pop(action.context, None)
+        if heard is not None:
+            heard.played(action.audio_ms, self.app.clock.now())
+
+    def _stamp(self, message: ServerMessage, context: str | None) -> ServerMessage:
+        """``message`` with its request id: its context's, else the connection's
+        (``ready``, and errors that are about no open context)."""
+        if not isinstance(message, _CARRY_ID) or message.request_id is not None:
+            return message
+        name = context if context is not None else getattr(message, "context", None)
+        rid = (self._rids.get(name) or self._recent_rids.get(name) if name is not None
+               else None) or self.request_id
+        return msgspec.structs.replace(message, request_id=rid)
 
     # --- writing ---------------------------------------------------------------
 
@@ -254,12 +313,15 @@ class Connection:
                                             last=item.last, segment_start=item.segment_start)
                 ledger.delivered(item.seq + len(item.frames) - 1)
                 metrics.audio_seconds.labels(ledger.voice).inc(item.audio_ms / 1000.0)
-                metrics.queue_ms.observe(outbox.queued_ms)
+                metrics.send_queue_seconds.observe(outbox.queued_ms / 1000.0)
             elif isinstance(item, ControlItem):
                 data = _encode(item.message, item.context)
             else:
                 assert isinstance(item, Finished)
-                data = _encode(item.done(), item.context)
+                # its summary is logged as ``done`` is made: with the context's id
+                with request_scope(self._rids.get(item.context) or self.request_id):
+                    done = item.done()
+                data = _encode(self._stamp(done, item.context), item.context)
                 self._finished(item.context)
             try:
                 async with asyncio.timeout(overload_s):
@@ -291,6 +353,10 @@ def _encode(message: ServerMessage, context: str | None) -> str:
         log.error("could not encode %s: %s", type(message).__name__, exc)
         return encode_server_message(error_message(InternalError("internal error",
                                                                  context=context)))
+
+
+# the messages that carry a request id
+_CARRY_ID = (Ready, Started, Done, Cancelled, ErrorMessage)
 
 
 class _Closing(Exception):

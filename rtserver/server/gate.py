@@ -86,6 +86,16 @@ class Gate:
         # HMAC key of browser tokens: configured, or made for this process
         self.secret = config.token_secret.encode() or secrets.token_bytes(32)
 
+    def add_voice(self, voice: str) -> None:
+        """A voice added at run time gets its own breaker."""
+        self.breakers[voice] = CircuitBreaker(voice, self.config.breaker_failures,
+                                              self.config.breaker_cooldown_s,
+                                              self.config.breaker_max_cooldown_s)
+
+    def remove_voice(self, voice: str) -> None:
+        self.breakers.pop(voice, None)
+        self.health.pop(voice, None)
+
     def connection(self, key: str, now: float) -> None:
         self.rates.connection(key, now)
 

@@ -35,7 +35,8 @@ from rtserver.server.state import AppState
 from rtserver.server.tokens import SCOPE_STREAM
 
 STREAM_PATH = "/v1/stream"
-PACKAGED_WEB_ROOT = Path(__file__).resolve().parents[2] / "web_demo"
+# the demo ships inside the package (package data), so a pip-installed server serves it
+PACKAGED_WEB_ROOT = Path(__file__).resolve().parents[1] / "web_demo"
 
 
 @dataclass(frozen=True, slots=True)

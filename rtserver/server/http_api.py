@@ -5,7 +5,8 @@ WebSocket on its own path, so a stream's handshake and frames never pass a
 framework layer. Here:
 
 - the OpenAI speech API (``SpeechApi.router``: ``/v1/audio/speech``,
-  ``/v1/audio/voices``, ``/v1/models``) and ``POST /v1/tokens``;
+  ``/v1/audio/voices``, ``/v1/models``), ``POST /v1/tokens`` and
+  ``/v1/admin/voices`` (their own handlers and error bodies, carried as they were);
 - ``/health``, ``/ready``, ``/metrics``, ``/v1/voices``, ``/v1/stream``
   (426 without an upgrade) and the demo's files: ``HttpRoutes`` answers them,
   as before; this only carries its answers;
@@ -37,6 +38,7 @@ from starlette.exceptions import HTTPException
 
 from rtserver import __version__
 from rtserver.errors import ErrorCode, RtError
+from rtserver.server.admin_api import AdminApi
 from rtserver.server.asgi import Receive, Scope, Send, request_of, send_response
 from rtserver.server.http import STREAM_PATH, HttpResponse, HttpRoutes
 from rtserver.server.openai_speech import (
@@ -100,7 +102,7 @@ def too_large(limit: int) -> HttpResponse:
     return openai_error(413, f"request body over {limit} bytes", "text_too_long", "input")
 
 
-def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi) -> Any:
+def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi, admin: AdminApi) -> Any:
     """The ASGI app of every HTTP request: FastAPI, with the body limit and,
     when configured, CORS (outermost)."""
     api: FastAPI = FastAPIOffline(
@@ -156,6 +158,7 @@ def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi) -> Any:
 
     api.include_router(speech.router())
     api.include_router(tokens.router())
+    api.include_router(admin.router())
 
     async def passthrough(request: Request) -> Response:  # async: no thread hop
         return to_response(routes(request_of(request.scope)))

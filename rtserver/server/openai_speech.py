@@ -28,7 +28,7 @@ accepted and not used: the voice decides the model.
 Each request is one context of the speech core (``rtserver.core.speak``: this
 endpoint is one more sink of the core, as the WebSocket connection is), so
 the same voices, segmenter, pacing and metrics apply (``rtserver_contexts_total``,
-``rtserver_ttfa_ms``, rtf, the running-context count); the PCM frames it yields
+``rtserver_ttfa_seconds``, rtf, the running-context count); the PCM frames it yields
 are tempo-changed for ``speed`` and encoded here (``rtserver.audio.encoders``).
 
 Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API
@@ -315,7 +315,7 @@ class SpeechApi:
         gate = self.app.gate
         start = speech_start(speech, "http")
         gate.start(who, speech.voice, now, "http",
-                   lambda: self.app.core.predicted_first_heard_ms(start))
+                   lambda: self.app.core.admission_first_heard_ms(start))
         gate.text(who, len(speech.input), now, "http")
 
     async def voices(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ because the core stops its producer before fencing.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rtserver.core.events import AudioFrames, ControlEvent, Finished
@@ -38,6 +39,9 @@ class Outbox(AudioBoundedQueue[ControlItem]):
     def __init__(self, capacity_ms: int) -> None:
         super().__init__(capacity_ms)
         self._controls = 0  # control messages queued (the connection caps its replies)
+        # applied to each control message as it is queued (the connection's
+        # request ids: the context's id then, not its name's next owner's)
+        self.stamp: Callable[[ServerMessage, str | None], ServerMessage] | None = None
 
     @property
     def control_count(self) -> int:
@@ -57,6 +61,8 @@ class Outbox(AudioBoundedQueue[ControlItem]):
     def put_control(self, message: ServerMessage, context: str | None = None, *,
                     urgent: bool = False) -> None:
         """Control messages are small and never wait; ``urgent`` jumps the queue."""
+        if self.stamp is not None:
+            message = self.stamp(message, context)
         self._controls += 1
         self._put(ControlItem(message, context), urgent=urgent)
 

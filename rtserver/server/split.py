@@ -19,7 +19,14 @@ import tempfile
 from collections.abc import Sequence
 
 from rtserver.config import Config
-from rtserver.server.workers import Service, Supervisor, WorkerPlan, child_command, plan_workers
+from rtserver.server.workers import (
+    Service,
+    Supervisor,
+    WorkerPlan,
+    child_command,
+    plan_workers,
+    require_shared_secret,
+)
 
 ENV_ENDPOINT = "RTSERVER_GPU_ENDPOINT"  # the [gpu] endpoint field, by the config's rule
 ENV_METRICS = "RTSERVER_GPU_METRICS_PORT"
@@ -40,6 +47,8 @@ def supervise_split(config: Config, passed: Sequence[str], worker_args: Sequence
     (``rtserver serve *passed``) until SIGTERM; the supervisor's status."""
     s = config.server
     gpus = plan_workers(s.workers).gpus
+    count = frontends_per_worker(config, len(gpus)) * len(gpus)
+    require_shared_secret(count, s.api_keys, config.admission.token_secret)
     run_dir = tempfile.mkdtemp(prefix="rtserver-")
     try:
         endpoints = [f"ipc://{run_dir}/gpu-worker-{i}.sock" for i in range(len(gpus))]
@@ -53,7 +62,6 @@ def supervise_split(config: Config, passed: Sequence[str], worker_args: Sequence
                             (sys.executable, "-m", "rtserver", "worker", *worker_args),
                             gpu=gpu, env=env_of(i))
                     for i, gpu in enumerate(gpus)]
-        count = frontends_per_worker(config, len(gpus)) * len(gpus)
         # front end i serves worker i % n; CUDA_VISIBLE_DEVICES="" keeps any
         # stray CUDA use out of them
         env = [(i, {ENV_ENDPOINT: endpoints[i % len(gpus)], "CUDA_VISIBLE_DEVICES": ""})

@@ -158,6 +158,19 @@ def plan_workers(value: str, env: Mapping[str, str] | None = None,
     return WorkerPlan(("",) * count)
 
 
+def require_shared_secret(processes: int, api_keys: Sequence[str], token_secret: str) -> None:
+    """Several processes behind one address (``processes`` > 1) with API keys
+    set need ``admission.token_secret``: each process signs and checks browser
+    tokens with it, and a random per-process key would make a token minted by
+    one process a 401 on every other. ``ConfigError`` naming the setting."""
+    if processes > 1 and api_keys and not token_secret:
+        raise ConfigError(
+            f"{processes} server processes share the port and API keys are set, so "
+            "admission.token_secret must be set (RTSERVER_ADMISSION_TOKEN_SECRET, the same "
+            "value in every process and replica): without it each process signs browser "
+            "tokens with a key of its own and refuses the others' tokens")
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the supervisor dies (Linux
     prctl(PR_SET_PDEATHSIG)), so a killed supervisor leaves no orphans."""

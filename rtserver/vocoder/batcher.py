@@ -66,12 +66,21 @@ class BatcherConfig:
     # (0: only equal lengths share a call). GPU calls are launch-bound: pad
     # freely; CPU cost follows frames: pad little.
     max_pad_fraction: float = 0.25
+    # Hold: a window that is not urgent may wait up to this long for others to
+    # join its call, unless ``max_batch`` windows are queued first (0: decode at
+    # once). A GPU decoder costs per call far more than per window at small
+    # batches (ChatTTS, H200: 2.4 ms for 1 steady window, 0.27 ms a window at 64
+    # in bf16; ``bench/results/h200-chattts-decode-2026-12-04``), so a short hold
+    # buys throughput; it delays a stream's later chunks once, by at most this.
+    hold_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_batch_frames < 1:
             raise ValueError("max_batch and max_batch_frames must be >= 1")
         if self.max_pad_fraction < 0:
             raise ValueError("max_pad_fraction must be >= 0")
+        if not 0 <= self.hold_s <= 1:
+            raise ValueError("hold_s must be in [0, 1]")
 
 
 @dataclass(slots=True)
@@ -115,11 +124,12 @@ def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]
 
 
 class _Item(Generic[W]):
-    __slots__ = ("future", "urgent", "window")
+    __slots__ = ("future", "may_wait", "queued_at", "urgent", "window")
 
     def __init__(self, window: W, future: asyncio.Future[FloatArray],
-                 urgent: bool) -> None:
+                 urgent: bool, queued_at: float, may_wait: bool) -> None:
         self.window, self.future, self.urgent = window, future, urgent
+        self.queued_at, self.may_wait = queued_at, may_wait
 
 
 class DecodeBatcher(Generic[W]):
@@ -197,15 +207,19 @@ class DecodeBatcher(Generic[W]):
                 if not item.future.done():
                     item.future.set_exception(exc)
 
-    async def decode(self, windows: Sequence[W], *, urgent: bool = False
-                     ) -> list[FloatArray]:
-        """Audio of each window, decoded in the next batched call(s)."""
+    async def decode(self, windows: Sequence[W], *, urgent: bool = False,
+                     may_wait: bool = False) -> list[FloatArray]:
+        """Audio of each window, decoded in the next batched call(s). ``may_wait``:
+        the windows may be held up to ``hold_s`` for company (their stream has
+        audio buffered ahead); others are decoded at once, with what is held."""
         if not self.running:
             raise RuntimeError("the vocoder batcher is not running")
         if not windows:
             return []
         loop = asyncio.get_running_loop()
-        items = [_Item(w, loop.create_future(), urgent) for w in windows]
+        now = self._clock()
+        items = [_Item(w, loop.create_future(), urgent, now, may_wait and not urgent)
+                 for w in windows]
         lane = self._lane
         if urgent and lane is not None and lane.fits(
                 1, max(w.n_frames for w in windows)):
@@ -241,12 +255,29 @@ class DecodeBatcher(Generic[W]):
             self._fail_queued(RuntimeError(f"vocoder batcher stopped: {exc!r}"))
             raise
 
+    def _hold_left(self) -> float:
+        """Seconds the queued windows may still wait for company (0: decode now)."""
+        hold = self._cfg.hold_s
+        q = self._normal
+        if hold <= 0 or self._closing or self._urgent or not q:
+            return 0.0
+        if len(q) >= self._cfg.max_batch or not all(i.may_wait for i in q):
+            return 0.0
+        return max(0.0, q[0].queued_at + hold - self._clock())
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
             await asyncio.sleep(0)  # let the rest of this tick's pushes queue up
+            while (left := self._hold_left()) > 0:
+                # wait for more windows (a push sets the event), at most ``left``
+                try:
+                    await asyncio.wait_for(self._wake.wait(), left)
+                except TimeoutError:
+                    pass
+                self._wake.clear()
             while batch := self._take():
                 self.stats.ticks += 1
                 # Urgent windows (first chunks) form their own calls, run first,

@@ -26,6 +26,12 @@ class VocoderConfig:
     max_batch: int = 64  # windows per decoder call
     max_batch_frames: int = 512  # frames per call, padding included (see batcher)
     max_pad_fraction: float = -1.0  # < 0: 0.25 on CPU, 4.0 on CUDA (launch-bound)
+    # A later chunk may wait this long for others to share its call (see
+    # ``batcher.BatcherConfig.hold_s``); < 0: 40 ms on CUDA, 0 on the CPU, as
+    # ChatTTS's decoder (there it cut TTFA p99 at 256 streams 269 -> 180 ms,
+    # ``bench/results/h200-chattts-worker-2026-12-04-run2``). SNAC ran with it in
+    # ``bench/results/h200-orpheus-worker-2026-12-04``, not yet against 0.
+    hold_s: float = -1.0
     noise: str = "positional"  # "positional" | "off" (see snac_model)
     noise_seed: int = 0
     cuda_graphs: bool = True  # CUDA only: capture graphs for common shapes
@@ -59,8 +65,12 @@ class VocoderConfig:
     def batcher_config(self, device: str) -> BatcherConfig:
         from rtserver.vocoder.batcher import BatcherConfig
 
+        cuda = device.startswith("cuda")
         pad = self.max_pad_fraction
         if pad < 0:
-            pad = 4.0 if device.startswith("cuda") else 0.25
+            pad = 4.0 if cuda else 0.25
+        hold = self.hold_s
+        if hold < 0:
+            hold = 0.04 if cuda else 0.0
         return BatcherConfig(max_batch=self.max_batch, max_batch_frames=self.max_batch_frames,
-                             max_pad_fraction=pad)
+                             max_pad_fraction=pad, hold_s=hold)

@@ -23,6 +23,12 @@ from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, Seam
 
 W = TypeVar("W", bound=FrameWindow)
 
+# A stream's decodes may wait for company in the batcher (``BatcherConfig.hold_s``)
+# once it has emitted this much audio: its listener then has that much queued
+# (less what it played), while its first chunks, which set time to first heard
+# audio and the start of playback, are never held.
+HOLD_AFTER_S = 1.0
+
 
 class FrameHistory:
     """A stream's frames still needed, in one growable array (amortised O(1)
@@ -141,7 +147,9 @@ class PlannedStream(ABC, Generic[W]):
                    for j in jobs]
         self._history.drop_before(self._planner.first_needed_frame())
         try:
-            audio = await self._batcher.decode(windows, urgent=jobs[0].index == 0)
+            audio = await self._batcher.decode(
+                windows, urgent=jobs[0].index == 0,
+                may_wait=jobs[0].emit_start >= HOLD_AFTER_S * self._sample_rate)
         except BaseException:
             self.close()  # the schedule moved on without this audio: unusable
             raise

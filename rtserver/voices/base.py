@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import msgspec
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import SYSTEM_CLOCK, Clock
+from rtserver.protocol.messages import VoiceCapabilities, VoiceDescription
+
+WordTimingKind = Literal["model", "estimated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,22 @@ class VoiceInfo:
     # its worker threads); more at once share them, so each is slower in
     # proportion. 0: not bounded that way (a batching engine on a GPU).
     parallel_segments: int = 0
+    # Where the times of its ``words`` events come from: "model" (the voice
+    # puts the model's own word times on its chunks, ``PcmChunk.words``) or
+    # "estimated" (the core spreads a segment's words over its expected audio
+    # by character count). ``describe`` puts it in the capability flags.
+    word_timing: WordTimingKind = "estimated"
+    # What the voice can do (its family's ``capabilities.py`` says it).
+    capabilities: VoiceCapabilities = field(default_factory=VoiceCapabilities)
+    # Every language it speaks (BCP 47 or the model's codes); empty: ``language``.
+    languages: tuple[str, ...] = ()
+
+    def describe(self) -> VoiceDescription:
+        """The voice as ``ready.voice_info`` and ``GET /v1/voices`` show it."""
+        return VoiceDescription(family=self.family, languages=self.languages or (self.language,),
+                                sample_rate=self.sample_rate,
+                                capabilities=msgspec.structs.replace(
+                                    self.capabilities, word_timing=self.word_timing))
 
 
 class Marks(dict[str, float]):
@@ -70,6 +91,20 @@ class SynthesisRequest:
 
 
 MODEL_OUTPUT_MARK = "model_output"
+
+
+class VoiceMaker(Protocol):
+    """A family's maker of voices at run time (Orpheus: LoRA adapters on its
+    base model), behind ``POST /v1/admin/voices``.
+
+    ``add`` returns the new voice (named ``<family>:<name>``), or raises
+    ``rtserver.errors.UnknownVoice`` (``BadAdapter``) with the reason;
+    ``remove`` forgets one it made and returns it (requests in flight on it
+    finish first), ``UnknownVoice`` if it made none of that name."""
+
+    async def add(self, name: str, adapter: str, speaker: str | None = None) -> Voice: ...
+
+    async def remove(self, name: str) -> Voice: ...
 
 
 class Voice(Protocol):

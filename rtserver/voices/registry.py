@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from rtserver.errors import ConfigError, UnknownVoice
-from rtserver.voices.base import Voice
+from rtserver.voices.base import Voice, VoiceMaker
 
 ENTRY_POINT_GROUP = "rtserver.voices"
 BUILTIN_DISTRIBUTION = "rtserver"  # its families are listed first
@@ -66,6 +66,12 @@ class FamilyVoices:
     collectors: list[Collector] = field(default_factory=list)  # Prometheus, engine stats
     # after its voices are closed: what the family shares (thread pools)
     release: Callable[[], Awaitable[None]] | None = None
+    # why the engine (or thread pool) its voices share is gone for good, None
+    # while it runs; the server polls it (``VoiceSet.dead``), so a death is seen
+    # with no request in flight
+    engine_dead: Callable[[], str | None] | None = None
+    # makes voices at run time (LoRA adapters), when the family can
+    maker: VoiceMaker | None = None
 
 
 # loader(specs, the family's section (None without one), [voice], progress)
@@ -170,6 +176,22 @@ class VoiceSet:
     releases: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # each configured spec -> the name of its voice
     by_spec: dict[str, str] = field(default_factory=dict)
+    # voice name -> its family's ``engine_dead`` probe
+    probes: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+
+    def dead(self) -> dict[str, str]:
+        """The voices whose engine is gone for good, with why."""
+        out: dict[str, str] = {}
+        for name, probe in self.probes.items():
+            why = probe()
+            if why is not None:
+                out[name] = why
+        return out
+    # family -> its maker of voices at run time (LoRA adapters)
+    makers: dict[str, VoiceMaker] = field(default_factory=dict)
+    # voices that come and go elsewhere (a GPU worker's, made at run time):
+    # ``watch(apply)`` calls ``apply(added voices by name, removed names)`` on each change
+    watch: Callable[[Callable[[dict[str, Voice], list[str]], None]], None] | None = None
 
     async def warm_up(self) -> None:
         await asyncio.gather(*(v.warm_up() for v in self.warm_up_via))
@@ -203,10 +225,14 @@ async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
                 out.releases.append(loaded.release)
             out.collectors += loaded.collectors
             out.warm_up_via += loaded.warm_up_via
+            if loaded.maker is not None:
+                out.makers[name] = loaded.maker
             for vname, voice in loaded.voices.items():
                 if vname in voices:
                     raise ConfigError(f"voice {vname} is configured twice")
                 voices[vname] = voice
+                if loaded.engine_dead is not None:
+                    out.probes[vname] = loaded.engine_dead
             by_spec.update(loaded.by_spec)
         names = [by_spec[s] for s in specs]
         if len(set(names)) != len(names):

@@ -7,18 +7,27 @@ PCM (mono float32, native byte order, ``sample_rate`` Hz), sent without a copy
 and read in place. Times (``deadline``, ``model_output_at``, ``sent_at``) are
 CLOCK_MONOTONIC seconds, which Linux shares between processes.
 
-Down (front end -> worker): ``Hello``, ``Synthesize``, ``Cancel``, ``Ping``.
+Down (front end -> worker): ``Hello``, ``Synthesize``, ``Cancel``, ``Ping``,
+``MakeVoice``, ``DropVoice``.
 Up (worker -> front end): ``Ready`` (to every ``Hello``), ``Load`` (to every
-``Ping``), ``Chunk``, ``End``, ``Failed``.
+``Ping``), ``Chunk``, ``End``, ``Failed``, ``Voices`` (to every front end,
+after a voice was made or dropped; then ``End`` or ``Failed`` answers the
+``MakeVoice`` / ``DropVoice``).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from rtserver.protocol.messages import VoiceCapabilities
+
 
 class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields)."""
+    """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields).
+
+    Not ``word_timing``: the word times a voice puts on its chunks
+    (``PcmChunk.words``) do not cross the link, so a worker's voices give
+    estimated words (the default)."""
 
     name: str
     family: str
@@ -28,6 +37,8 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     chunk_plan_ms: tuple[float, ...] = ()
     chunk_cost_ms: tuple[float, ...] = ()
     parallel_segments: int = 0
+    capabilities: VoiceCapabilities = VoiceCapabilities()
+    languages: tuple[str, ...] = ()
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
@@ -46,12 +57,33 @@ class Synthesize(msgspec.Struct, frozen=True, kw_only=True, tag="synthesize"):
     first: bool = False
     deadline: float | None = None  # CLOCK_MONOTONIC
     want_marks: bool = False  # send back when the model's first output came
+    # the request id of the context it speaks for (rtserver.logs): the
+    # worker's log lines about it carry it too
+    log_id: str | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
     """Stop ``request_id`` and free what it holds (its engine row, vocoder state)."""
 
     request_id: str
+
+
+class MakeVoice(msgspec.Struct, frozen=True, kw_only=True, tag="make_voice"):
+    """Make the voice ``<family>:<name>`` at run time (a LoRA adapter in the
+    worker's file system, prompted as ``speaker``); answered ``End`` or ``Failed``."""
+
+    request_id: str
+    family: str
+    name: str
+    adapter: str
+    speaker: str = ""
+
+
+class DropVoice(msgspec.Struct, frozen=True, kw_only=True, tag="drop_voice"):
+    """Drop a voice made at run time (its full name); answered ``End`` or ``Failed``."""
+
+    request_id: str
+    name: str
 
 
 class Ping(msgspec.Struct, frozen=True, kw_only=True, tag="ping"):
@@ -68,6 +100,14 @@ class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
     by_spec: dict[str, str]  # configured spec -> voice name
     default: str
     capacity: dict[str, int]  # family -> requests it serves at once
+    makers: tuple[str, ...] = ()  # families that make voices at run time (MakeVoice)
+
+
+class Voices(msgspec.Struct, frozen=True, kw_only=True, tag="voices"):
+    """The worker's voices changed (one made or dropped at run time): all of them now."""
+
+    epoch: str
+    voices: tuple[VoiceEntry, ...]
 
 
 class Load(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
@@ -102,12 +142,13 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     retry_after_ms: int | None = None
 
 
-Down = Hello | Synthesize | Cancel | Ping
-Up = Ready | Load | Chunk | End | Failed
+Down = Hello | Synthesize | Cancel | Ping | MakeVoice | DropVoice
+Up = Ready | Load | Chunk | End | Failed | Voices
 
 encode = msgspec.msgpack.Encoder().encode
 decode_down = msgspec.msgpack.Decoder(Down).decode
 decode_up = msgspec.msgpack.Decoder(Up).decode
 
-__all__ = ["Cancel", "Chunk", "Down", "End", "Failed", "Hello", "Load", "Ping", "Ready",
-           "Synthesize", "Up", "VoiceEntry", "decode_down", "decode_up", "encode"]
+__all__ = ["Cancel", "Chunk", "Down", "DropVoice", "End", "Failed", "Hello", "Load",
+           "MakeVoice", "Ping", "Ready", "Synthesize", "Up", "VoiceEntry", "Voices",
+           "decode_down", "decode_up", "encode"]

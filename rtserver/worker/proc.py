@@ -23,7 +23,8 @@ Its contract with front ends (``messages``):
   failed to a silent one, which may still be listening).
 - It never waits for a front end: sends do not block; a front end whose
   queue is full (``SNDHWM``) fails that request with ``overloaded``.
-- A voice whose engine died (``EngineDead``) fails its request and the
+- A voice whose engine died (``EngineDead``, or its family's probe says so
+  with no request in flight: ``VoiceSet.dead``, polled) fails its request and the
   process exits ``ENGINE_DEAD_EXIT`` (the others fail as front ends see the
   socket close); the supervisor restarts it.
 """
@@ -41,6 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
+import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
@@ -50,8 +52,9 @@ from prometheus_client.registry import Collector
 
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
-from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError
-from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice
+from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError, UnknownVoice
+from rtserver.logs import request_scope
+from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice, VoiceMaker
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
 from rtserver.worker.placement import capacity_of, split_specs
@@ -67,6 +70,8 @@ SEND_HWM = 120_000
 CLOSE_LINGER_MS = 1000
 # Exit status after an engine died (as the server's, rtserver.server.app).
 ENGINE_DEAD_EXIT = 70
+# How often the engines' probes are read.
+ENGINE_WATCH_S = 0.25
 
 
 class PeerGone(Exception):
@@ -85,8 +90,16 @@ class WorkerServer:
 
     def __init__(self, voices: Mapping[str, Voice], *, by_spec: Mapping[str, str], default: str,
                  capacity: Mapping[str, int], config: GpuConfig,
-                 send_hwm: int = SEND_HWM) -> None:
+                 send_hwm: int = SEND_HWM,
+                 dead: Callable[[], Mapping[str, str]] = dict,
+                 makers: Mapping[str, VoiceMaker] | None = None) -> None:
         self.voices = dict(voices)
+        self._dead = dead  # voice -> why its engine is gone for good (VoiceSet.dead)
+        self.makers = dict(makers or {})  # family -> its maker of voices at run time
+        self._admin_tasks: set[asyncio.Task[None]] = set()
+        # voices dropped at run time: contexts that were speaking with them go on
+        # (the voice itself refuses once its adapter is unloaded)
+        self._dropped: dict[str, Voice] = {}
         self.send_hwm = send_hwm
         self.config = config
         self.epoch = uuid.uuid4().hex[:12]
@@ -94,15 +107,51 @@ class WorkerServer:
         self.active = {fam: 0 for fam in capacity}
         self.ready = m.Ready(
             epoch=self.epoch, pid=os.getpid(),
-            voices=tuple(m.VoiceEntry(**{f: getattr(v.info, f)
-                                         for f in m.VoiceEntry.__struct_fields__})
-                         for v in self.voices.values()),
-            by_spec=dict(by_spec), default=default, capacity=self.capacity)
+            voices=self._entries(), by_spec=dict(by_spec), default=default,
+            capacity=self.capacity, makers=tuple(self.makers))
         self._requests: dict[tuple[bytes, str], _Request] = {}
         self._seen: dict[bytes, float] = {}  # front end -> when it last spoke
         self._owed: list[tuple[bytes, m.Failed]] = []  # failures a full queue held back
         self.engine_dead = asyncio.Event()
         self._sock: zmq.asyncio.Socket | None = None
+
+    def _entries(self) -> tuple[m.VoiceEntry, ...]:
+        return tuple(m.VoiceEntry(**{f: getattr(v.info, f) for f in m.VoiceEntry.__struct_fields__})
+                     for v in self.voices.values())
+
+    # -- voices made at run time ------------------------------------------------
+    async def _admin(self, peer: bytes, msg: m.MakeVoice | m.DropVoice) -> None:
+        """Make or drop a voice; every front end heard from gets ``Voices``
+        first, then the asking one ``End`` (or ``Failed`` with the reason)."""
+        try:
+            if isinstance(msg, m.MakeVoice):
+                maker = self.makers.get(msg.family)
+                if maker is None:
+                    raise UnknownVoice(f"the GPU worker makes no {msg.family!r} voices "
+                                       f"(it makes: {', '.join(self.makers) or 'none'})")
+                voice = await maker.add(msg.name, msg.adapter, msg.speaker or None)
+                self.voices[voice.info.name] = voice
+                self._dropped.pop(voice.info.name, None)
+            else:
+                family, _, short = msg.name.partition(":")
+                maker = self.makers.get(family)
+                if maker is None or msg.name not in self.voices:
+                    raise UnknownVoice(f"the GPU worker made no voice {msg.name[:80]!r}")
+                await maker.remove(short)
+                dropped = self.voices.pop(msg.name, None)
+                if dropped is not None:
+                    self._dropped[msg.name] = dropped
+        except RtError as exc:
+            self._send_failed(peer, m.Failed(request_id=msg.request_id, code=exc.code.value,
+                                             message=exc.message))
+            return
+        self.ready = msgspec.structs.replace(self.ready, voices=self._entries())
+        news = m.Voices(epoch=self.epoch, voices=self.ready.voices)
+        for other in list(self._seen):
+            with contextlib.suppress(zmq.Again, PeerGone):
+                self._send(other, news)
+        with contextlib.suppress(zmq.Again, PeerGone):
+            self._send(peer, m.End(request_id=msg.request_id))
 
     # -- sending: never waits -------------------------------------------------
     def _send(self, peer: bytes, msg: m.Up, samples: np.ndarray | None = None) -> None:
@@ -132,7 +181,7 @@ class WorkerServer:
     # -- requests -------------------------------------------------------------
     def _start(self, peer: bytes, msg: m.Synthesize) -> None:
         key = (peer, msg.request_id)
-        voice = self.voices.get(msg.voice)
+        voice = self.voices.get(msg.voice) or self._dropped.get(msg.voice)
         if voice is None:
             self._send_failed(peer, m.Failed(request_id=msg.request_id,
                                              code=ErrorCode.UNKNOWN_VOICE.value,
@@ -149,7 +198,9 @@ class WorkerServer:
                 retry_after_ms=250))
             return
         self.active[family] = self.active.get(family, 0) + 1
-        task = asyncio.create_task(self._run(peer, voice, msg), name=f"request {msg.request_id}")
+        with request_scope(msg.log_id):  # its log lines carry its context's id
+            task = asyncio.create_task(self._run(peer, voice, msg),
+                                       name=f"request {msg.request_id}")
         self._requests[key] = _Request(peer, family, task)
 
     async def _run(self, peer: bytes, voice: Voice, msg: m.Synthesize) -> None:
@@ -235,6 +286,10 @@ class WorkerServer:
             self._start(peer, msg)
         elif isinstance(msg, m.Cancel):
             self._cancel(peer, msg.request_id)
+        elif isinstance(msg, (m.MakeVoice, m.DropVoice)):
+            task = asyncio.create_task(self._admin(peer, msg), name=f"admin {msg.request_id}")
+            self._admin_tasks.add(task)
+            task.add_done_callback(self._admin_tasks.discard)
         elif isinstance(msg, m.Ping):
             with contextlib.suppress(zmq.Again, PeerGone):
                 self._send(peer, m.Load(epoch=self.epoch, active=dict(self.active),
@@ -255,6 +310,19 @@ class WorkerServer:
             for peer, failed in owed:
                 self._send_failed(peer, failed)
 
+    async def _watch_engines(self) -> None:
+        """An engine that dies with no request in flight ends the worker too."""
+        while not self.engine_dead.is_set():
+            try:
+                dead = self._dead()
+            except Exception:  # a probe's bug must not end the watch
+                log.exception("reading the engines' health failed")
+                dead = {}
+            for voice, why in dead.items():
+                log.critical("voice %s: its engine died (%s); the worker exits", voice, why)
+                self.engine_dead.set()
+            await asyncio.sleep(ENGINE_WATCH_S)
+
     async def serve(self, endpoint: str, stop: asyncio.Event,
                     on_listening: Callable[[], None] = lambda: None) -> int:
         """Bind ``endpoint`` and serve until ``stop`` (0) or an engine died
@@ -268,6 +336,7 @@ class WorkerServer:
         self._sock = sock
         on_listening()
         janitor = asyncio.create_task(self._janitor())
+        watch = asyncio.create_task(self._watch_engines())
         stopping = asyncio.create_task(stop.wait())
         dead = asyncio.create_task(self.engine_dead.wait())
         try:
@@ -289,7 +358,7 @@ class WorkerServer:
                     if len(frames) == 2:
                         self._handle(frames[0], frames[1])
         finally:
-            for task in (janitor, stopping, dead):
+            for task in (janitor, watch, stopping, dead):
                 task.cancel()
             tasks = [r.task for r in self._requests.values()]
             for task in tasks:
@@ -337,7 +406,8 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
         server = WorkerServer(voice_set.voices, by_spec=voice_set.by_spec,
                               default=voice_set.default,
                               capacity={f: capacity_of(config, f) for f in families},
-                              config=config.gpu)
+                              config=config.gpu, dead=voice_set.dead,
+                              makers=voice_set.makers)
 
         metrics = serve_metrics(config, voice_set, server)
 

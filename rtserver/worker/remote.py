@@ -16,6 +16,12 @@ routes each request's chunks to its own bounded buffer, and a heartbeat task.
   ``request_buffer_s`` fails that request with ``overloaded`` and cancels it
   in the worker: the reader never waits, so the worker never does either.
 - Stopping a ``synthesize`` early (cancel, ``aclose``) sends ``Cancel``.
+- Voices made at run time (LoRA adapters, ``POST /v1/admin/voices``): a
+  ``RemoteMaker`` per family the worker makes voices for asks it
+  (``MakeVoice`` / ``DropVoice``); the worker tells every front end its new
+  voice list (``Voices``), which ``on_voices`` hands to the server, so a voice
+  made through one front end is served by all of them. A restarted worker's
+  ``Ready`` does the same (voices made at run time are gone with it).
 
 Times cross the boundary as CLOCK_MONOTONIC seconds, translated from and to
 the request's clock here (they are the same clock in production).
@@ -55,7 +61,8 @@ from rtserver.errors import (
     RtError,
     UnknownVoice,
 )
-from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, VoiceInfo
+from rtserver.logs import current_request_id
+from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, Voice, VoiceInfo
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
 from rtserver.worker.placement import split_specs
@@ -69,7 +76,8 @@ DOWN_RETRY_MS = 1000
 # Wait after the worker refused a new context for its capacity: a segment of
 # a running context takes about this long on a GPU.
 FULL_RETRY_MS = 250
-CHUNK_DELAY_BUCKETS_MS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 500)
+CHUNK_DELAY_BUCKETS_S = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                         0.05, 0.1, 0.5)
 # While a front end waits for its worker at start, it says so this often (s).
 WAIT_SAY_S = 30.0
 _ERRORS: dict[str, type[RtError]] = {ErrorCode.OVERLOADED.value: Busy,
@@ -135,12 +143,17 @@ class WorkerLink:
         self._sock.connect(endpoint)
         self._tasks: list[asyncio.Task[None]] = []
         self._first_ready = asyncio.Event()
+        # told (voices before, voices now) when the worker's voices change
+        self.on_voices: Callable[[tuple[m.VoiceEntry, ...], tuple[m.VoiceEntry, ...]],
+                                 None] | None = None
+        self._calls: dict[str, asyncio.Future[None]] = {}  # MakeVoice / DropVoice by id
+        self._call_ids = 0
         # from the worker's send to this reader: the seam's own delay, which
         # grows when this process's event loop falls behind
-        self.chunk_delay_ms = Histogram(
-            "rtserver_gpu_worker_chunk_delay_ms",
-            "Time from the GPU worker's send of a chunk to this front end's read, ms",
-            buckets=CHUNK_DELAY_BUCKETS_MS, registry=None)
+        self.chunk_delay_seconds = Histogram(
+            "rtserver_gpu_worker_chunk_delay_seconds",
+            "Time from the GPU worker's send of a chunk to this front end's read, seconds",
+            buckets=CHUNK_DELAY_BUCKETS_S, registry=None)
 
     # -- life --------------------------------------------------------------------
     async def start(self, say: Callable[[str], None] = lambda msg: None) -> m.Ready:
@@ -200,6 +213,25 @@ class WorkerLink:
             if not stream.finished:
                 self._try_send(m.Cancel(request_id=msg.request_id))
 
+    async def call(self, msg: m.MakeVoice | m.DropVoice, timeout_s: float = 300.0) -> None:
+        """Send ``msg`` and wait for its ``End``; its ``Failed`` raises the error."""
+        if not self.up:
+            raise EngineLost(f"the GPU worker is down: {self.why_down}")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._calls[msg.request_id] = fut
+        try:
+            try:
+                self._send(msg)
+            except zmq.ZMQError as exc:
+                raise EngineLost(f"the GPU worker is unreachable: {exc}") from None
+            await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._calls.pop(msg.request_id, None)
+
+    def next_call_id(self) -> str:
+        self._call_ids += 1
+        return f"admin-{os.getpid()}-{self._call_ids}"
+
     def active(self, family: str) -> int:
         """Requests the worker said it holds for ``family`` (last ``Load``)."""
         return self.load.active.get(family, 0) if self.load is not None else 0
@@ -214,6 +246,9 @@ class WorkerLink:
             log.error("GPU worker at %s lost (%s): failing %d request(s)", self.endpoint, why,
                       len(self._streams))
         self.up, self.why_down, self.load = False, why, None
+        for fut in self._calls.values():  # a voice being made or dropped: no answer comes
+            if not fut.done():
+                fut.set_exception(EngineLost(f"the GPU worker went away ({why})"))
         for rid, stream in list(self._streams.items()):
             if not stream.finished:
                 stream.put(EngineLost(f"the GPU worker went away ({why})"))
@@ -221,10 +256,13 @@ class WorkerLink:
                 self._try_send(m.Cancel(request_id=rid))
 
     def _on_ready(self, ready: m.Ready) -> None:
-        if self.ready is not None and ready.epoch != self.ready.epoch:
+        before = self.ready
+        if before is not None and ready.epoch != before.epoch:
             self._lost("it restarted")  # requests of the old one are gone
             log.warning("GPU worker at %s is back (pid %d)", self.endpoint, ready.pid)
         self.ready, self.up, self.why_down = ready, True, ""
+        if before is not None and before.voices != ready.voices:
+            self._voices_changed(before.voices, ready.voices)
         self._seen = time.monotonic()
         self._first_ready.set()
 
@@ -238,7 +276,7 @@ class WorkerLink:
                 raise ValueError("a chunk without its samples")
             samples = np.frombuffer(extra[0].buffer, dtype=np.float32)
             if msg.sent_at:
-                self.chunk_delay_ms.observe(1000.0 * (time.monotonic() - msg.sent_at))
+                self.chunk_delay_seconds.observe(time.monotonic() - msg.sent_at)
             if msg.model_output_at is not None:
                 stream.put(msg.model_output_at)
             stream.put(PcmChunk(samples, msg.sample_rate))
@@ -246,6 +284,13 @@ class WorkerLink:
                 stream.put(Overloaded(f"more than {self.config.request_buffer_s:g} s of audio "
                                       "not taken; the request is cancelled"))
                 self._try_send(m.Cancel(request_id=msg.request_id))
+        elif isinstance(msg, (m.End, m.Failed)) and msg.request_id in self._calls:
+            fut = self._calls[msg.request_id]
+            if not fut.done():
+                if isinstance(msg, m.End):
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(_ERRORS.get(msg.code, EngineFailed)(msg.message))
         elif isinstance(msg, (m.End, m.Failed)):
             stream = self._streams.get(msg.request_id)
             if stream is None or stream.finished:
@@ -255,6 +300,11 @@ class WorkerLink:
             else:
                 stream.put(_ERRORS.get(msg.code, EngineFailed)(
                     msg.message, retry_after_ms=msg.retry_after_ms))
+        elif isinstance(msg, m.Voices):
+            if self.ready is not None and msg.epoch == self.ready.epoch:
+                before = self.ready.voices
+                self.ready = msgspec.structs.replace(self.ready, voices=msg.voices)
+                self._voices_changed(before, msg.voices)
         elif isinstance(msg, m.Load):
             if self.ready is None or msg.epoch != self.ready.epoch:
                 self._lost("it restarted")
@@ -262,6 +312,14 @@ class WorkerLink:
             self.load, self._seen = msg, time.monotonic()
         else:
             self._on_ready(msg)
+
+    def _voices_changed(self, before: tuple[m.VoiceEntry, ...],
+                        now: tuple[m.VoiceEntry, ...]) -> None:
+        if self.on_voices is not None:
+            try:
+                self.on_voices(before, now)
+            except Exception:  # the server's bookkeeping: log, keep reading
+                log.exception("applying the GPU worker's new voices failed")
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -310,6 +368,40 @@ class WorkerLink:
                 self._lost("its socket closed")
 
 
+def _info_of(entry: m.VoiceEntry) -> VoiceInfo:
+    fields = {f.name for f in dataclasses.fields(VoiceInfo)}
+    return VoiceInfo(**{k: v for k, v in msgspec.structs.asdict(entry).items() if k in fields})
+
+
+class RemoteMaker:
+    """A family's ``VoiceMaker`` in the GPU worker, through the link."""
+
+    def __init__(self, link: WorkerLink, family: str) -> None:
+        self.link = link
+        self.family = family
+
+    def _entry(self, full: str) -> m.VoiceEntry | None:
+        ready = self.link.ready
+        return next((e for e in ready.voices if e.name == full), None) if ready else None
+
+    async def add(self, name: str, adapter: str, speaker: str | None = None) -> Voice:
+        full = f"{self.family}:{name}"
+        await self.link.call(m.MakeVoice(request_id=self.link.next_call_id(), family=self.family,
+                                         name=name, adapter=adapter, speaker=speaker or ""))
+        entry = self._entry(full)  # the worker's Voices came before its End
+        if entry is None:
+            raise EngineFailed(f"the GPU worker made {full} but does not list it")
+        return RemoteVoice(self.link, _info_of(entry))
+
+    async def remove(self, name: str) -> Voice:
+        full = f"{self.family}:{name}"
+        entry = self._entry(full)
+        if entry is None:
+            raise UnknownVoice(f"the GPU worker has no voice {full}")
+        await self.link.call(m.DropVoice(request_id=self.link.next_call_id(), name=full))
+        return RemoteVoice(self.link, _info_of(entry))
+
+
 class RemoteVoice:
     """A voice of the GPU worker (the ``Voice`` protocol), and its health for
     the server's admission (``admit``, ``down``)."""
@@ -351,7 +443,8 @@ class RemoteVoice:
             request.deadline - clock.now() + time.monotonic()
         msg = m.Synthesize(request_id=request.request_id, voice=self._info.name,
                            text=request.text, first=request.first, deadline=deadline,
-                           want_marks=request.marks is not None)
+                           want_marks=request.marks is not None,
+                           log_id=current_request_id())
         with self.link.request(msg) as stream:
             while True:
                 item = await stream.get()
@@ -390,7 +483,7 @@ class LinkCollector(Collector):
             cap.add_metric([family], float(self.link.capacity(family)))
         yield active
         yield cap
-        yield from self.link.chunk_delay_ms.collect()
+        yield from self.link.chunk_delay_seconds.collect()
 
 
 async def load_server_voices(config: Config, progress: Callable[[str], None]) -> VoiceSet:
@@ -418,11 +511,18 @@ async def load_server_voices(config: Config, progress: Callable[[str], None]) ->
         raise
     out.releases.append(link.close)
     out.collectors.append(LinkCollector(link))
-    fields = {f.name for f in dataclasses.fields(VoiceInfo)}
-    remote_voices = {e.name: RemoteVoice(link, VoiceInfo(**{k: v for k, v in
-                                                            msgspec.structs.asdict(e).items()
-                                                            if k in fields}))
-                     for e in ready.voices}
+    remote_voices = {e.name: RemoteVoice(link, _info_of(e)) for e in ready.voices}
+    out.makers |= {family: RemoteMaker(link, family) for family in ready.makers}
+
+    def watch(apply: Callable[[dict[str, Voice], list[str]], None]) -> None:
+        def changed(before: tuple[m.VoiceEntry, ...], now: tuple[m.VoiceEntry, ...]) -> None:
+            old, new = {e.name for e in before}, {e.name: e for e in now}
+            apply({n: RemoteVoice(link, _info_of(e)) for n, e in new.items() if n not in old},
+                  [n for n in old if n not in new])
+
+        link.on_voices = changed
+
+    out.watch = watch
     by_spec = {**out.by_spec, **{s: ready.by_spec[s] for s in remote}}
     default = by_spec[config.voice.default]
     voices = {**out.voices, **remote_voices}
@@ -431,4 +531,4 @@ async def load_server_voices(config: Config, progress: Callable[[str], None]) ->
     return out
 
 
-__all__ = ["LinkCollector", "RemoteVoice", "WorkerLink", "load_server_voices"]
+__all__ = ["LinkCollector", "RemoteMaker", "RemoteVoice", "WorkerLink", "load_server_voices"]

@@ -3,7 +3,7 @@
 What a person at the demo would check: the page connects, speaks the text
 with no gap, the audio it played is all the audio the server sent, Stop
 silences it at once and the next turn is clean. Figures come from the page's
-``window.rtDemo.stats`` (see web_demo/app.js) and the server's own ``done``.
+``window.rtDemo.stats`` (see rtserver/web_demo/app.js) and the server's own ``done``.
 """
 
 from __future__ import annotations

@@ -109,9 +109,13 @@ def test_configmap_is_a_config_rtserver_accepts(
         tmp_path: Path) -> None:
     path = tmp_path / "rtserver.toml"
     path.write_text(rendered[variant]["ConfigMap"]["data"]["rtserver.toml"])
-    config = load_config(path, env={"RTSERVER_SERVER_API_KEYS": "a,b"})
+    secret = rendered[variant]["Secret"]
+    token_secret = secret["stringData"]["token-secret"]
+    config = load_config(path, env={"RTSERVER_SERVER_API_KEYS": "a,b",
+                                    "RTSERVER_ADMISSION_TOKEN_SECRET": token_secret})
     assert config.server.host == "0.0.0.0"
     assert config.server.api_keys == ("a", "b")  # how the Secret reaches the server
+    assert config.admission.token_secret == token_secret  # the same in every replica
     c = container(rendered[variant])
     assert c["args"] == ["serve", "--config", "/etc/rtserver/rtserver.toml"]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
@@ -119,10 +123,10 @@ def test_configmap_is_a_config_rtserver_accepts(
     port = next(p for p in c["ports"] if p["name"] == "http")
     assert port["containerPort"] == config.server.port
     env = {e["name"]: e for e in c["env"]}
-    ref = env["RTSERVER_SERVER_API_KEYS"]["valueFrom"]["secretKeyRef"]
-    secret = rendered[variant]["Secret"]
-    assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
-    assert "placeholder" in secret["stringData"][ref["key"]].lower()
+    for name in ("RTSERVER_SERVER_API_KEYS", "RTSERVER_ADMISSION_TOKEN_SECRET"):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+        assert "placeholder" in secret["stringData"][ref["key"]].lower()
 
 
 @pytest.mark.parametrize("variant", sorted(KUSTOMIZATIONS))
@@ -181,6 +185,39 @@ def test_hpa_scales_on_streams_through_the_adapter_rule(
     labels = rendered[variant]["Deployment"]["spec"]["template"]["metadata"]["labels"]
     assert pdb.items() <= labels.items()
     assert rendered[variant]["Service"]["spec"]["selector"].items() <= labels.items()
+
+
+# the TTFA alert whose bound a variant's voice is held to (deploy/prometheus/alerts.yml)
+TTFA_ALERT = {"gpu": "RtserverTtfaP99High", "cpu": "RtserverPiperTtfaP99High"}
+CAPACITY_LINE = re.compile(r"\*\*rtserver, load stream/\w+: (\d+) concurrent real-time streams "
+                           r"with TTFA p99 under (\d+) ms and zero underruns\*\*")
+
+
+@pytest.mark.parametrize("variant", sorted(KUSTOMIZATIONS))
+def test_hpa_target_follows_from_the_measured_capacity_it_names(
+        rendered: dict[str, dict[str, dict[str, Any]]], variant: str) -> None:
+    hpa = rendered[variant]["HorizontalPodAutoscaler"]
+    notes = hpa["metadata"]["annotations"]
+    summary = (ROOT / notes["capacity-source"]).read_text()
+    # the bench's own capacity line in the summary it wrote
+    (found,) = CAPACITY_LINE.findall(summary)
+    streams, bound_ms = int(found[0]), int(found[1])
+    assert int(notes["capacity-streams"]) == streams
+    target = int(hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"])
+    headroom = float(notes["capacity-headroom"])
+    assert 0 < headroom <= 1 and target == int(streams * headroom)
+    # measured with the voice the pods serve, held to the bound the TTFA alert uses
+    voice = server_config(rendered[variant])["voice"]["default"]
+    assert f"voice {voice}" in summary
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    (rule,) = [r for g in rules["groups"] for r in g["rules"]
+               if r.get("alert") == TTFA_ALERT[variant]]
+    threshold_s = float(rule["expr"].split(">")[-1])
+    assert round(threshold_s * 1000) == bound_ms
+    if variant == "cpu":  # measured on as many cores as the pod may use
+        cores = re.search(r"- Machine: .*\((\d+) cores", summary)
+        assert cores and cores.group(1) == container(rendered[variant])["resources"][
+            "limits"]["cpu"]
 
 
 def test_dockerfile_passes_hadolint() -> None:

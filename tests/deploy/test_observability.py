@@ -104,7 +104,7 @@ def test_dashboard_loads_with_the_panels_asked_for() -> None:
     dash = json.loads(DASHBOARD.read_text())
     assert dash["uid"] and dash["title"] == "rtserver"
     names = queried(dashboard_exprs())
-    for needed in ("rtserver_ttfa_ms_bucket", "rtserver_first_heard_ms_bucket",
+    for needed in ("rtserver_ttfa_seconds_bucket", "rtserver_first_heard_seconds_bucket",
                    "rtserver_rtf_bucket", "rtserver_active_contexts",
                    "rtserver_active_connections", "rtserver_rejected_total",
                    "rtserver_engine_running_requests", "rtserver_engine_waiting_requests",
@@ -123,7 +123,9 @@ def test_every_metric_queried_is_on_a_piper_servers_metrics(piper_metrics: str) 
     later = {n for n in wanted if needs_engine(n) or n.startswith(GPU_PREFIX)}
     missing = wanted - later - names
     assert not missing, sorted(missing)
-    assert "rtserver_ttfa_ms_bucket" in {s.name for f in text_string_to_metric_families(
+    # Prometheus' base units: durations in seconds, never milliseconds
+    assert not [n for n in names if n.endswith("_ms") or "_ms_" in n]
+    assert "rtserver_ttfa_seconds_bucket" in {s.name for f in text_string_to_metric_families(
         piper_metrics) for s in f.samples}  # it spoke: real samples, not only a TYPE line
     # the reasons the dashboard plots are counted (zero until a refusal)
     for reason in ("overloaded", "rate_limited"):

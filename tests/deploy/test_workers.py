@@ -237,11 +237,12 @@ class Supervised:
     subprocess (Piper ignores the devices; each child is told its own); its
     output collected."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, extra_env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.metrics_base = free_port()
         env = dict(os.environ, RTSERVER_SERVER_METRICS_PORT=str(self.metrics_base),
-                   RTSERVER_SERVER_DRAIN_TIMEOUT_S="20", CUDA_VISIBLE_DEVICES="3,5")
+                   RTSERVER_SERVER_DRAIN_TIMEOUT_S="20", CUDA_VISIBLE_DEVICES="3,5",
+                   **(extra_env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rtserver", "serve", "--workers", "gpus",
              "--port", str(self.port)],
@@ -277,9 +278,10 @@ class Supervised:
         return f"ws://127.0.0.1:{self.port}/v1/stream"
 
 
-@pytest.fixture
-def supervised(tmp_path: Path) -> Iterator[Supervised]:
-    sup = Supervised(tmp_path)
+@contextlib.contextmanager
+def supervising(tmp_path: Path, extra_env: dict[str, str] | None = None
+                ) -> Iterator[Supervised]:
+    sup = Supervised(tmp_path, extra_env)
     try:
         sup.wait_for(r"2 of 2 workers ready")
         for gpu in ("3", "5"):  # the supervisor pinned one child to each
@@ -293,6 +295,12 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
             except subprocess.TimeoutExpired:
                 os.kill(sup.proc.pid, signal.SIGKILL)
                 sup.proc.wait(10)
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[Supervised]:
+    with supervising(tmp_path) as sup:
+        yield sup
 
 
 async def connect_to(url: str, want_pid: int | None = None, tries: int = 64
@@ -398,3 +406,59 @@ async def test_two_processes_share_the_port_and_drain_one_by_one(
     # SIGTERM to the supervisor: the rest drain, exit status 0
     os.kill(supervised.proc.pid, signal.SIGTERM)
     assert await asyncio.to_thread(supervised.proc.wait, 60) == 0
+
+
+# --- browser tokens across processes ----------------------------------------------------
+def test_workers_with_api_keys_need_a_shared_token_secret() -> None:
+    """Without ``admission.token_secret`` each process would sign tokens with
+    its own random key: the start fails at once, naming the setting."""
+    env = dict(os.environ, RTSERVER_SERVER_API_KEYS="k1")
+    env.pop("RTSERVER_ADMISSION_TOKEN_SECRET", None)
+    proc = subprocess.run([sys.executable, "-m", "rtserver", "serve", "--workers", "2",
+                           "--port", str(free_port())], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "admission.token_secret" in proc.stderr
+    assert "RTSERVER_ADMISSION_TOKEN_SECRET" in proc.stderr
+
+
+def test_a_short_token_secret_is_refused() -> None:
+    from rtserver.config import load_config
+
+    with pytest.raises(ConfigError, match=r"admission\.token_secret must be at least 32"):
+        load_config(env={"RTSERVER_ADMISSION_TOKEN_SECRET": "short"})
+
+
+def mint_token(port: int, key: str) -> str:
+    """``POST /v1/tokens`` on a new connection (whichever process the kernel picks)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/tokens", method="POST",
+                                 data=b"{}", headers={"Authorization": f"Bearer {key}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as resp:
+        return str(json.loads(resp.read())["token"])
+
+
+@pytest.mark.slow
+async def test_a_token_minted_by_one_process_opens_a_stream_on_every_process(
+        tmp_path: Path) -> None:
+    """Two processes with a shared ``token_secret``: a browser token from
+    ``POST /v1/tokens`` (each minted on a new connection, so by either
+    process) is accepted by both, seen by the pid in ``ready``."""
+    secret = "a-test-secret-shared-by-every-process-0123"
+    env = {"RTSERVER_SERVER_API_KEYS": "k1", "RTSERVER_ADMISSION_TOKEN_SECRET": secret}
+    with supervising(tmp_path, env) as sup:
+        tokens = [await asyncio.to_thread(mint_token, sup.port, "k1") for _ in range(4)]
+        for token in tokens:
+            pids: set[int] = set()
+            for _ in range(64):  # new connections spread over the processes
+                client = await RtClient.connect(f"{sup.url}?token={token}")  # as a browser
+                m = WORKER.search(client.ready.server)
+                await client.close()
+                assert m is not None, client.ready.server
+                pids.add(int(m.group(3)))
+                if len(pids) == 2:
+                    break
+            assert len(pids) == 2, pids  # accepted by both processes

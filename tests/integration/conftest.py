@@ -14,14 +14,3 @@ def server() -> Iterator[ServerThread]:
     yield srv
     srv.stop()
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    """The integrations (integrations/*/) import as their packages would installed."""
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "integrations"
-    for name in ("pipecat", "livekit"):
-        path = str(root / name)
-        if path not in sys.path:
-            sys.path.insert(0, path)

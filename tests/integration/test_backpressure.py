@@ -35,6 +35,10 @@ async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> Non
                                            "format": "pcm_s16le", "sample_rate": 48000}))
             await stalled.send(json.dumps({"type": "text", "context": "s", "text": LONG}))
             await stalled.send(json.dumps({"type": "end", "context": "s"}))
+            # the audio waiting for it shows on /metrics while it is stalled
+            await wait_until_async(
+                lambda: metric(srv, "rtserver_send_queue_audio_seconds") >= 1.0,
+                "the stalled reader's queued audio on /metrics")
             # stop reading; meanwhile another client is served normally
             async with RtClient.connect(srv.url) as other:
                 result = await other.say("Everyone else is served as usual.")
@@ -57,5 +61,7 @@ async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> Non
                 pass
             assert "overloaded" in codes
             assert stalled.close_code == 1013
+        await wait_until_async(lambda: metric(srv, "rtserver_send_queue_audio_seconds") == 0,
+                               "no audio queued once the stalled reader is gone")
     finally:
         srv.stop()

@@ -54,6 +54,18 @@ def test_say_writes_a_wav_of_speech(tmp_path: Path) -> None:
     assert "segment" in proc.stderr
 
 
+def test_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    import rtserver
+
+    out = subprocess.run([sys.executable, "-m", "rtserver", "--version"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"rtserver {rtserver.__version__}"
+    assert rtserver.__version__ == version("rtserver")
+
+
 def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[server]\nport = 'eighty'\n")

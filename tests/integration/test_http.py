@@ -41,9 +41,10 @@ async def test_metrics_count_what_was_spoken(server: ServerThread) -> None:
         assert (await client.say("Counting this one.")).ok
     status, ctype, body = get(server.http + "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
-    for name in ("rtserver_ttfa_ms_bucket", "rtserver_rtf_bucket", "rtserver_active_connections",
-                 "rtserver_active_contexts", "rtserver_audio_seconds_total",
-                 "rtserver_errors_total", "rtserver_send_queue_ms_bucket"):
+    for name in ("rtserver_ttfa_seconds_bucket", "rtserver_rtf_bucket",
+                 "rtserver_active_connections", "rtserver_active_contexts",
+                 "rtserver_audio_seconds_total", "rtserver_errors_total",
+                 "rtserver_send_queue_seconds_bucket", "rtserver_send_queue_audio_seconds"):
         assert name in body, name
     sent = [line for line in body.splitlines()
             if line.startswith("rtserver_audio_seconds_total{")]

@@ -1,4 +1,8 @@
-"""The Pipecat TTS service in a minimal Pipecat pipeline against a real rtserver."""
+"""The Pipecat TTS service in a minimal Pipecat pipeline against a real rtserver.
+
+``rtserver_pipecat`` is imported as installed (from its wheel: scripts/setup.sh
+installs it; tests/integration/test_plugin_wheels.py runs this file in a fresh
+venv with only the wheels)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from pipecat.workers.runner import WorkerRunner
 from rtserver_pipecat import RtserverTTSService
 
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.tcp_proxy import CutProxy
 from rtserver.testing.wait import scaled, wait_until_async
 
 LONG = ("Here is a long answer that keeps going for quite a while, so that there is "
@@ -62,9 +67,14 @@ class Collect(FrameProcessor):
         return [f.text for f in self.frames if isinstance(f, TTSTextFrame)]
 
 
+    def stops(self) -> int:
+        return sum(isinstance(f, TTSStoppedFrame) for f in self.frames)
+
+
 @contextlib.asynccontextmanager
-async def pipeline(server: ServerThread, rate: int = 24000):
-    tts = RtserverTTSService(url=server.url)
+async def pipeline(server: ServerThread, rate: int = 24000, url: str | None = None,
+                   voice: str | None = None):
+    tts = RtserverTTSService(url=url or server.url, voice=voice)
     sink = Collect()
     task = PipelineWorker(Pipeline([tts, sink]),
                           params=PipelineParams(audio_out_sample_rate=rate),
@@ -123,3 +133,44 @@ async def test_an_interruption_cancels_the_turn(server: ServerThread) -> None:
     heard_s = sum(len(f.audio) for f in sink.audio()) / 2 / 24000
     assert heard_s < 20  # the whole reply is ~50 s of speech
     assert cancelled_count(server) == before + 1
+
+
+async def test_the_connection_opens_when_the_pipeline_starts(server: ServerThread) -> None:
+    proxy = await CutProxy.start("127.0.0.1", server.port)
+    try:
+        async with pipeline(server, url=f"ws://127.0.0.1:{proxy.port}/v1/stream") as (task, sink):
+            # no text yet: the StartFrame alone opens the WebSocket
+            await wait_until_async(lambda: proxy.open == 1, "the service's connection")
+            await say(task, ["Connected before the first turn."])
+            await asyncio.wait_for(sink.stopped.wait(), scaled(30))
+            assert proxy.accepted == 1  # the turn used that connection
+        assert sink.audio()
+    finally:
+        await proxy.close()
+
+
+async def test_a_dropped_connection_is_reopened_and_the_next_turn_speaks(
+        server: ServerThread) -> None:
+    proxy = await CutProxy.start("127.0.0.1", server.port)
+    try:
+        async with pipeline(server, url=f"ws://127.0.0.1:{proxy.port}/v1/stream") as (task, sink):
+            await say(task, ["Before the drop."])
+            await wait_until_async(lambda: sink.stops() == 1, "the first turn's end")
+            await proxy.cut()  # the network drops: no close frame
+            await wait_until_async(lambda: proxy.accepted == 2 and proxy.open == 1,
+                                   "the service reconnects on its own")
+            heard = len(sink.audio())
+            await say(task, ["After the drop, on the new connection."])
+            await wait_until_async(lambda: sink.stops() == 2, "the second turn's end")
+            assert len(sink.audio()) > heard
+            assert proxy.accepted == 2
+    finally:
+        await proxy.close()
+
+
+async def test_a_refused_turn_ends_without_audio(server: ServerThread) -> None:
+    async with pipeline(server, voice="piper:no-such-voice") as (task, sink):
+        await say(task, ["Nobody speaks this."])
+        # the server refuses the start (unknown_voice): the turn ends, nothing waits on it
+        await wait_until_async(lambda: sink.stops() == 1, "the refused turn's end")
+    assert not sink.audio()

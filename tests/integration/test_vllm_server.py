@@ -113,3 +113,84 @@ def test_the_dashboards_engine_metrics_are_served(orpheus_server: ServerThread) 
         names = exposed(resp.read().decode())
     wanted = engine_metrics_queried()
     assert wanted and not wanted - names, sorted(wanted - names)
+
+
+@pytest.mark.parametrize("fault", ["oom", "error"])
+async def test_a_fault_in_a_request_fails_its_context_and_vllm_goes_on(
+        orpheus_server: ServerThread, fault: str) -> None:
+    """A request that fails after its first output (injected into vLLM's
+    ``AsyncLLM.generate`` of the running server: an out-of-memory error or
+    another) fails that context with ``engine_failed``; vLLM is not dead, so
+    the next context speaks, ``/ready`` stays 200 and nothing stays held."""
+    import contextlib
+
+    import torch
+
+    from rtserver.server.guarded import unwrap
+    from rtserver.tools.bench.server_proc import http_get
+
+    assert orpheus_server.server is not None and orpheus_server.server.app is not None
+    engine = unwrap(orpheus_server.server.app.voices["orpheus:tara"]).runtime.engine  # type: ignore[attr-defined]
+    llm = engine._llm
+    real = llm.generate
+    error = (torch.OutOfMemoryError("injected: out of memory") if fault == "oom"
+             else RuntimeError("injected: a step failed"))
+    faults = [error]
+
+    def failing(*args: object, **kwargs: object) -> object:
+        async def outputs() -> object:
+            async with contextlib.aclosing(real(*args, **kwargs)) as stream:  # aborts it
+                async for out in stream:
+                    yield out
+                    if faults:
+                        raise faults.pop()
+        return outputs()
+
+    llm.generate = failing
+    try:
+        async with RtClient.connect(orpheus_server.url) as client:
+            failed = await client.say("Hello there.", voice="orpheus:tara")
+            assert failed.error is not None and failed.error.code == "engine_failed"
+            assert "injected" in failed.error.message
+            assert (await client.say("Hello again.", voice="orpheus:tara")).ok
+    finally:
+        del llm.generate
+    assert http_get(orpheus_server.http + "/ready")[0] == 200
+    assert engine.dead_reason() is None
+    await wait_until_async(
+        lambda: metric(orpheus_server, "rtserver_engine_in_flight_requests") == 0,
+        "no vLLM request is held")
+
+
+async def test_zz_a_killed_engine_core_takes_the_voice_down(
+        orpheus_server: ServerThread) -> None:
+    """Last in the module (it kills the engine): vLLM's engine core process
+    killed with no request in flight. The server's watch reads vLLM's
+    ``errored``: the Orpheus voices go down for good (``/ready`` 503, a new
+    context ``engine_failed``) and the server marks itself for its exit 70;
+    the Piper voice of the same server still speaks until then."""
+    import multiprocessing
+    import os
+    import signal
+
+    from rtserver.client import ServerError
+    from rtserver.testing.wait import wait_until
+    from rtserver.tools.bench.server_proc import http_get
+
+    cores = [p for p in multiprocessing.active_children() if "EngineCore" in p.name]
+    assert cores, [p.name for p in multiprocessing.active_children()]
+    for proc in cores:
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+    wait_until(lambda: http_get(orpheus_server.http + "/ready")[0] == 503,
+               "/ready turns 503 with nothing in flight")
+    assert orpheus_server.server is not None and orpheus_server.server.app is not None
+    assert orpheus_server.server.app.engine_dead.is_set()
+    async with RtClient.connect(orpheus_server.url) as client:
+        with pytest.raises(ServerError) as refused:
+            await client.start(voice="orpheus:tara")
+        assert refused.value.error.code == "engine_failed"
+        piper = await client.start(voice="piper:en_US-joe-medium")
+        await piper.send_text("Still here.")
+        await piper.end()
+        assert (await piper.collect()).ok

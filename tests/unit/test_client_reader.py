@@ -53,8 +53,8 @@ async def test_unknown_types_and_fields_from_a_newer_server_are_skipped() -> Non
         await ws.send(encode_server_message(Started(
             context=start.context, stream=3, format=start.format,
             sample_rate=start.sample_rate, frame_ms=start.frame_ms, pre_skip=0)))
-        await ws.send(json.dumps({"type": "words", "context": start.context, "segment": 0,
-                                  "timing": "estimated", "words": []}))
+        await ws.send(json.dumps({"type": "visemes", "context": start.context, "segment": 0,
+                                  "timing": "estimated", "visemes": []}))
         await ws.send(_with_extra(encode_server_message(SegmentStarted(
             context=start.context, index=0, text="Hi.", source=(0, 3), seq=0)),
             emotion="calm"))

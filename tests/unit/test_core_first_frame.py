@@ -79,7 +79,7 @@ async def test_first_32_ms_of_a_24khz_voice_go_out_before_its_next_chunk(request
     # is the time it waited to be taken)
     body = ctx.shared.metrics.render().decode()
     for stage in ("segmenter", "queue", "vocoder", "encode", "send"):
-        assert (f'rtserver_first_audio_stage_ms_count{{stage="{stage}",voice="gated"}} 1.0'
+        assert (f'rtserver_first_audio_stage_seconds_count{{stage="{stage}",voice="gated"}} 1.0'
                 in body), stage
     assert 'stage="model"' not in body
 

@@ -181,7 +181,7 @@ async def test_ttfa_runs_on_the_injected_clock() -> None:
     done = sink.events[-1]
     assert isinstance(done, Done) and done.ttfa_ms == 40.0  # the model's 40 ms, exactly
     body = core.metrics.render().decode()
-    assert 'rtserver_ttfa_ms_count{voice="fake:v"} 1.0' in body
+    assert 'rtserver_ttfa_seconds_count{voice="fake:v"} 1.0' in body
     assert 'rtserver_contexts_total{outcome="done"} 1.0' in body
 
 

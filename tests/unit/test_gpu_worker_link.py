@@ -26,6 +26,7 @@ from rtserver.errors import (
     Overloaded,
     UnknownVoice,
 )
+from rtserver.logs import current_request_id, request_scope
 from rtserver.voices import registry
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, register_family
@@ -52,6 +53,7 @@ class FakeVoice:
         self.open = 0
         self.cancelled = 0
         self.requests: list[SynthesisRequest] = []
+        self.log_ids: list[str | None] = []  # the request id its log lines would carry
 
     @property
     def info(self) -> VoiceInfo:
@@ -66,6 +68,7 @@ class FakeVoice:
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[PcmChunk]:
         self.open += 1
         self.requests.append(request)
+        self.log_ids.append(current_request_id())
         try:
             for i in range(self.chunks):
                 if request.marks is not None:
@@ -188,7 +191,7 @@ async def test_the_front_end_measures_each_chunks_delay(tmp_path: Path) -> None:
         reg.register(LinkCollector(link))
         body = generate_latest(reg).decode()
     assert len(got) == 5
-    assert "rtserver_gpu_worker_chunk_delay_ms_count 5.0" in body
+    assert "rtserver_gpu_worker_chunk_delay_seconds_count 5.0" in body
     assert "rtserver_gpu_worker_up 1.0" in body
 
 
@@ -369,6 +372,42 @@ async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_pat
         assert r.task is not None
         # the worker exits with its status for the supervisor to restart it
         assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
+
+
+async def test_the_contexts_request_id_crosses_to_the_worker(tmp_path: Path) -> None:
+    """The worker's log lines about a request carry the id of the context it
+    speaks for (rtserver.logs), as the front end's do."""
+    voice = FakeVoice("fake:a", chunks=1)
+    async with rig(tmp_path, [voice]) as (_, _, remote):
+        with request_scope("turn-42"):
+            assert len([c async for c in remote["fake:a"].synthesize(request("r1"))]) == 1
+        assert len([c async for c in remote["fake:a"].synthesize(request("r2"))]) == 1
+    assert voice.log_ids == ["turn-42", None]
+
+
+async def test_an_engine_that_dies_while_idle_ends_the_worker(tmp_path: Path) -> None:
+    """No request in flight: the worker reads its families' probes
+    (``VoiceSet.dead``) and exits ``ENGINE_DEAD_EXIT`` all the same."""
+    voice = FakeVoice("fake:a")
+    dead: dict[str, str] = {}
+    reads: list[int] = []
+
+    def probe() -> dict[str, str]:
+        reads.append(1)
+        return dead
+
+    server = WorkerServer({"fake:a": voice}, by_spec={"fake:a": "fake:a"}, default="fake:a",
+                          capacity={"fake": 0}, config=CONFIG, dead=probe)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.serve(f"ipc://{tmp_path}/w.sock", stop))
+    try:
+        await until(lambda: len(reads) >= 2)  # serving, and read healthy twice
+        assert not task.done()
+        dead["fake:a"] = "its loop died"
+        assert await asyncio.wait_for(task, 10) == ENGINE_DEAD_EXIT
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def _never_here(specs: object, section: object, settings: object,

@@ -27,6 +27,10 @@ from rtserver.protocol.messages import (
     Start,
     Started,
     Text,
+    VoiceCapabilities,
+    VoiceDescription,
+    Words,
+    WordSpan,
     encode_client_message,
     encode_server_message,
     parse_client_message,
@@ -37,12 +41,26 @@ SERVER_MESSAGES: list[ServerMessage] = [
     Ready(server="rtserver/0.1.0", voices=("piper:a", "piper:b"),
           limits=Limits(max_message_bytes=65536, max_text_chars=20000, max_contexts=16),
           default_voice="piper:a"),
+    Ready(server="rtserver/0.2.0", voices=("piper:a", "orpheus:alice"),
+          limits=Limits(max_message_bytes=65536, max_text_chars=20000, max_contexts=16),
+          default_voice="piper:a", voice_info={
+              "piper:a": VoiceDescription(family="piper", languages=("en_US",),
+                                          sample_rate=22050),
+              "orpheus:alice": VoiceDescription(
+                  family="orpheus", languages=("en",), sample_rate=24000,
+                  capabilities=VoiceCapabilities(word_timing="model", lexicon=("alias",),
+                                                 ssml=("break", "sub"),
+                                                 control_tokens=("[laugh]",), speed=True,
+                                                 lora=True))}),
     Started(context="c1", stream=7, format="opus", sample_rate=48000, frame_ms=20,
             pre_skip=312, voice="piper:a"),
     Started(context="c2", stream=65535, format="pcm_s16le", sample_rate=16000, frame_ms=60,
             pre_skip=0, channels=1),
     SegmentStarted(context="c1", index=0, text="Hello there,", source=(0, 12), seq=0),
     BufferHint(context="c1", prebuffer_ms=120.0, rtf=0.25, ahead_ms=300.0),
+    Words(context="c1", segment=0, timing="model", words=(
+        WordSpan(text="Hello", start_ms=12.5, end_ms=310.0, source=(0, 5)),
+        WordSpan(text="there,", start_ms=330.0, end_ms=640.0, source=(6, 12)))),
     Done(context="c1", frames=50, audio_ms=1000.0, ttfa_ms=42.5, spoken_text="Hello there,"),
     Done(context="c2", frames=0, audio_ms=0.0, ttfa_ms=None),
     Cancelled(context="c1", last_seq=-1),
@@ -179,3 +197,21 @@ def test_malformed_server_messages_raise_protocol_violation_naming_the_fault(
         parse_server_message(raw)
     assert not isinstance(info.value, UnknownMessageType)
     assert says in str(info.value)
+
+
+def test_ready_from_an_older_or_newer_server_still_parses() -> None:
+    """A `ready` without `voice_info` reads as none; capabilities a later
+    server adds, and word timings it names otherwise, are read without error."""
+    old = parse_server_message(json.dumps({
+        "type": "ready", "protocol": 1, "voices": ["piper:a"],
+        "limits": {"max_message_bytes": 1, "max_text_chars": 1, "max_contexts": 1}}))
+    assert isinstance(old, Ready) and old.voice_info == {}
+    new = parse_server_message(json.dumps({
+        "type": "ready", "protocol": 1, "voices": ["piper:a"],
+        "limits": {"max_message_bytes": 1, "max_text_chars": 1, "max_contexts": 1},
+        "voice_info": {"piper:a": {"family": "piper", "languages": ["en"], "sample_rate": 22050,
+                                   "extra": 1, "capabilities": {"word_timing": "aligned",
+                                                                "emotions": ["happy"]}}}}))
+    assert isinstance(new, Ready)
+    caps = new.voice_info["piper:a"].capabilities
+    assert caps.word_timing == "aligned" and caps.lora is False and caps.ssml == ()

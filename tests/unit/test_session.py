@@ -158,7 +158,8 @@ def test_played_is_reported_and_accepted_after_done() -> None:
     send(s, type="start", context="a")
     assert send(s, type="played", context="a", audio_ms=120.5) == [ListenerProgress("a", 120.5)]
     s.context_finished("a", last_seq=9)
-    assert send(s, type="played", context="a", audio_ms=180.0) == []  # no error after done
+    # no error after done; still reported (the listener plays on: first heard audio)
+    assert send(s, type="played", context="a", audio_ms=180.0) == [ListenerProgress("a", 180.0)]
 
 
 def test_errors_leave_other_contexts_working() -> None:

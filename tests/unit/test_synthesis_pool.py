@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rtserver.errors import EngineDead
 from rtserver.voices.piper.synthesis_pool import SynthesisPool, run_at_nice
 
 
@@ -113,3 +114,35 @@ def test_run_at_nice_gives_threads_started_there_the_nice() -> None:
 def test_a_nice_outside_linux_range_is_refused() -> None:
     with pytest.raises(ValueError, match="background_nice"):
         SynthesisPool(1, background_nice=20)
+
+
+def test_a_thread_that_dies_kills_the_pool_and_fails_its_jobs_engine_dead() -> None:
+    """A fault of the loop itself (here: a future finished behind the pool's
+    back, which its thread cannot start) fails every queued job and every later
+    submit with EngineDead, and ``dead`` says why: nothing waits for ever."""
+    pool = SynthesisPool(1, first_lane=0)
+    release = threading.Event()
+    started = threading.Event()
+
+    def long_call() -> str:
+        started.set()
+        assert release.wait(10)
+        return "long"
+
+    try:
+        running = pool.submit(long_call, first=False, deadline=0.0)
+        assert started.wait(10)
+        poisoned = pool.submit(lambda: "never", first=False, deadline=1.0)
+        queued = pool.submit(lambda: "never", first=False, deadline=2.0)
+        poisoned.set_result("finished elsewhere")  # the thread's next pop meets it
+        assert pool.dead is None
+        release.set()
+        assert running.result(timeout=10) == "long"  # what ran before ends well
+        with pytest.raises(EngineDead, match="synthesis pool is dead"):
+            queued.result(timeout=10)
+        assert pool.dead is not None and "RuntimeError" in pool.dead
+        with pytest.raises(EngineDead):
+            pool.submit(lambda: "late", first=True, deadline=0.0)
+    finally:
+        release.set()
+        pool.close()

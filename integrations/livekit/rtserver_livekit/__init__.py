@@ -4,8 +4,17 @@
 its streams; each ``stream()`` (one agent turn) is one rtserver context: the
 pushed text goes in as it comes, ``flush()`` sends ``flush``, ``end_input()``
 sends ``end``, and closing the stream early (an interruption) sends
-``cancel``. Audio is 16-bit PCM asked of the server at the plugin's rate and
-reaches the agent as ``rtc.AudioFrame``; each spoken segment's words become
+``cancel``.
+
+The framework's ``conn_options`` hold: ``timeout`` bounds the connection's
+handshake and the wait for ``started``; a failed attempt that may succeed
+later (a lost connection, a timeout, ``rate_limited``, ``overloaded``, an
+``engine_failed`` that says when to retry) raises a retryable error, and
+LiveKit's stream tries again up to ``max_retry`` times (replaying the text),
+``retry_interval`` apart but never before the server's ``retry_after_ms``.
+
+Audio is 16-bit PCM asked of the server at the plugin's rate and reaches the
+agent as ``rtc.AudioFrame``; each spoken segment's words become
 ``TimedString``s with start and end times (the server reports where each
 segment starts; the next one, or the end, says where it stops; the words are
 placed within it by character position).
@@ -16,23 +25,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 
-from livekit.agents import APIConnectionError, APIStatusError, tts, utils
+from livekit.agents import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    tts,
+    utils,
+)
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions, TimedString
 
 from rtserver.client import (
+    TERMINAL_ERROR_CODES,
     AudioFrames,
     ContextStream,
+    HandshakeRejected,
     RtClient,
     RtClientError,
     ServerError,
     word_times,
 )
-from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, SegmentStarted
+from rtserver.protocol.messages import SAMPLE_RATES, Cancelled, Done, ErrorMessage, SegmentStarted
+
+__version__ = "0.1.0"
 
 # PROTOCOL.md, `start`: the PCM rates the server frames at
-SERVER_RATES = (8000, 12000, 16000, 24000, 48000)
+SERVER_RATES = SAMPLE_RATES
+# rtserver's error codes as HTTP statuses (LiveKit's APIStatusError): 429 and 503
+# are retryable, 4xx others are not (the request itself is wrong)
+STATUS = {"rate_limited": 429, "overloaded": 503, "engine_failed": 503, "internal": 500,
+          "unknown_voice": 404, "unsupported_format": 400, "bad_message": 400,
+          "text_too_long": 413, "too_many_contexts": 429, "duplicate_context": 409,
+          "unknown_context": 404}
+# what may succeed later: the server says when (retry_after_ms)
+RETRYABLE = frozenset({"rate_limited", "overloaded"})
 _turns = itertools.count(1)
+
+
+def api_error(error: ErrorMessage) -> APIStatusError:
+    """An rtserver ``error`` as LiveKit's ``APIStatusError``: ``rate_limited`` and
+    ``overloaded`` retryable (``engine_failed`` too when the server says when to
+    retry: its breaker is open), the rest not; ``body`` is the message, which
+    carries ``retry_after_ms``."""
+    retryable = error.code in RETRYABLE or (error.code == "engine_failed"
+                                            and error.retry_after_ms is not None)
+    return APIStatusError(f"rtserver {error.code}: {error.message}",
+                          status_code=STATUS.get(error.code, 500), body=error,
+                          retryable=retryable)
 
 
 class TTS(tts.TTS):
@@ -61,11 +102,14 @@ class TTS(tts.TTS):
     def provider(self) -> str:
         return "rtserver"
 
-    async def connection(self) -> RtClient:
-        """The shared connection, opened (again) when needed."""
+    async def connection(self, open_timeout: float = DEFAULT_API_CONNECT_OPTIONS.timeout
+                         ) -> RtClient:
+        """The shared connection, opened (again) when needed; ``open_timeout``
+        bounds the handshake and the wait for ``ready``."""
         async with self._lock:
             if self._client is None or self._client.closed:
-                self._client = await RtClient.connect(self._url, self._token)
+                self._client = await RtClient.connect(self._url, self._token,
+                                                      open_timeout=open_timeout)
             return self._client
 
     def prewarm(self) -> None:
@@ -93,14 +137,34 @@ class SynthesizeStream(tts.SynthesizeStream):
     def __init__(self, *, tts: TTS, conn_options: APIConnectOptions) -> None:
         super().__init__(tts=tts, conn_options=conn_options)
         self._rt = tts
+        self._not_before = 0.0  # monotonic: the server's retry_after_ms of the last attempt
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        # a retry (LiveKit's loop calls _run again) waits out what the server asked
+        wait = self._not_before - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         try:
-            client = await self._rt.connection()
+            await self._attempt(output_emitter)
+        except APIStatusError as exc:
+            body = exc.body
+            if exc.retryable and isinstance(body, ErrorMessage) and body.retry_after_ms:
+                self._not_before = time.monotonic() + body.retry_after_ms / 1000.0
+            raise
+
+    async def _attempt(self, output_emitter: tts.AudioEmitter) -> None:
+        timeout = self._conn_options.timeout
+        try:
+            client = await self._rt.connection(timeout)
             ctx = await client.start(f"lk-{next(_turns)}", voice=self._rt._voice,
-                                     format="pcm_s16le", sample_rate=self._rt.sample_rate)
+                                     format="pcm_s16le", sample_rate=self._rt.sample_rate,
+                                     reply_timeout_s=timeout)
         except ServerError as exc:
-            raise APIStatusError(str(exc), status_code=400, retryable=False) from exc
+            raise api_error(exc.error) from exc
+        except HandshakeRejected as exc:
+            raise APIStatusError(f"rtserver: {exc}", status_code=exc.status) from exc
+        except TimeoutError as exc:
+            raise APITimeoutError(f"rtserver did not answer within {timeout:g} s") from exc
         except (RtClientError, OSError) as exc:
             raise APIConnectionError(f"rtserver: {exc}") from exc
         output_emitter.initialize(request_id=ctx.context, sample_rate=ctx.sample_rate,
@@ -110,6 +174,8 @@ class SynthesizeStream(tts.SynthesizeStream):
         try:
             await self._receive(ctx, output_emitter)
             await sender
+        except RtClientError as exc:  # the connection was lost (or broke the protocol)
+            raise APIConnectionError(f"rtserver: {exc}") from exc
         finally:
             await utils.aio.cancel_and_wait(sender)
             if not ctx.finished:  # interrupted (the stream was closed) or failed
@@ -142,8 +208,13 @@ class SynthesizeStream(tts.SynthesizeStream):
                 out.end_segment()
                 return
             elif isinstance(event, ErrorMessage):
-                raise APIStatusError(f"rtserver {event.code}: {event.message}",
-                                     status_code=500, retryable=False)
+                # a refused text (rate_limited: over the characters a minute) or an
+                # error that ends the context: the attempt fails (LiveKit retries it
+                # while no audio was pushed); the context is cancelled in _attempt
+                if event.code in RETRYABLE or event.code in TERMINAL_ERROR_CODES:
+                    raise api_error(event)
+                raise APIError(f"rtserver {event.code}: {event.message}", body=event,
+                               retryable=False)
             elif isinstance(event, Cancelled):
                 return
 
@@ -159,4 +230,4 @@ def _words(out: tts.AudioEmitter, segment: tuple[str, float] | None, end_s: floa
         out.push_timed_transcript(TimedString(word + " ", start_time=at, end_time=until))
 
 
-__all__ = ["SERVER_RATES", "TTS", "SynthesizeStream"]
+__all__ = ["SERVER_RATES", "TTS", "SynthesizeStream", "api_error"]

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--spawn", action="store_true",
                         help="start `python -m rtserver serve` on a free 127.0.0.1 port")
     p.add_argument("--voice", help="voice for --spawn and for every context")
+    p.add_argument("--voices", default="",
+                   help="comma list: each turn speaks one, drawn by the seed (LoRA voices "
+                        "mixed); lists of one length draw the same texts")
     p.add_argument("--token", help="API key (Authorization: Bearer)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra argument for the spawned server (repeatable)")
@@ -257,6 +260,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                            tokens_per_s=args.tokens_per_s, jitter=args.jitter,
                            listen=not args.back_to_back, lang=args.lang,
                            tags=tags, voice=args.voice, format=args.format,
+                           voices=tuple(v for v in args.voices.split(",") if v),
                            sample_rate=args.sample_rate, frame_ms=args.frame_ms,
                            listener=listener) for pat in patterns]
         for cfg in [] if args.baseline_only else cfgs:
@@ -327,7 +331,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
               "lang": args.lang, "tags": list(tags)}
     meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": describe(), "versions": versions(), "server": server_desc,
-            "voice": args.voice or (ready.default_voice or ready.voices[0]),
+            "voice": args.voices or args.voice or (ready.default_voice or ready.voices[0]),
             "command": "python -m rtserver.tools.bench " + shlex.join(argv), "notes": args.note}
     return {"meta": meta, "config": config, "steps": steps, "samples": samples}
 
@@ -342,7 +346,9 @@ def write_outputs(results: dict[str, Any], out_dir: Path, ttfa_p99_ms: float,
     paths = [out_dir / RESULTS, out_dir / "summary.md"]
     write_results(paths[0], results)
     report.write_markdown(paths[1], report.markdown(results, rows, caps))
-    if make_plots:
+    if make_plots and not plots.available():
+        print(f"[bench] {plots.NO_MATPLOTLIB}", file=sys.stderr)
+    elif make_plots:
         paths += plots.plot_all(results["samples"], rows, out_dir)
     return paths
 
@@ -351,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not args.no_plots and not plots.available():  # said before the run, and again after
+        print(f"[bench] {plots.NO_MATPLOTLIB}", file=sys.stderr)
     try:
         import uvloop
 

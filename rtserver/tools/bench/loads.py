@@ -65,6 +65,9 @@ class LoadConfig:
     lang: str = "en"
     tags: tuple[str, ...] = ()
     voice: str | None = None
+    # each turn speaks one of these, drawn by the turn's seed (LoRA voices
+    # mixed); empty: ``voice``. The same length gives the same texts.
+    voices: tuple[str, ...] = ()
     format: str = "opus"
     sample_rate: int = 48000
     frame_ms: int = 20
@@ -78,6 +81,7 @@ class TurnPlan:
     fragments: tuple[str, ...]
     offsets: tuple[float, ...]  # send times from the first fragment, seconds
     cancel_after_s: float | None = None
+    voice: str | None = None
 
 
 def plan_turn(cfg: LoadConfig, rng: random.Random, kind: str) -> TurnPlan:
@@ -90,7 +94,8 @@ def plan_turn(cfg: LoadConfig, rng: random.Random, kind: str) -> TurnPlan:
     frags = fragments(utt.text, mode)
     offsets = token_offsets(len(frags), cfg.tokens_per_s, cfg.jitter, rng)
     cancel = rng.uniform(*cfg.bargein_after_s) if kind == "bargein" else None
-    return TurnPlan(kind, utt, tuple(frags), tuple(offsets), cancel)
+    voice = rng.choice(cfg.voices) if cfg.voices else cfg.voice  # drawn last: texts unchanged
+    return TurnPlan(kind, utt, tuple(frags), tuple(offsets), cancel, voice)
 
 
 def turn_kinds(pattern: str) -> list[str]:
@@ -111,7 +116,7 @@ async def run_turn(client: RtClient, plan: TurnPlan, cfg: LoadConfig) -> Sample:
     base: Sample = {"kind": plan.kind, "utterance": plan.utterance.id,
                     "tags": list(plan.utterance.tags), "began_at": began}
     try:
-        ctx = await client.start(voice=cfg.voice, format=cfg.format,
+        ctx = await client.start(voice=plan.voice, format=cfg.format,
                                  sample_rate=cfg.sample_rate, frame_ms=cfg.frame_ms)
     except ServerError as exc:
         return {**base, "outcome": "error", "error": exc.error.code,

@@ -23,6 +23,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
 
 
+# what a run without matplotlib says instead of plotting (the `bench` extra brings it)
+NO_MATPLOTLIB = ("plots skipped: matplotlib is not installed; plots need "
+                 "`pip install 'rtserver[bench]'` (or pass --no-plots)")
+
+
+def available() -> bool:
+    """Whether matplotlib imports (an optional dependency: the `bench` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def plot_all(samples: Sequence[Sample], rows: Sequence[Row], out_dir: Path) -> list[Path]:
     import matplotlib
 

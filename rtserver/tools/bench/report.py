@@ -305,7 +305,11 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
     server_rows = []
     for st in steps:
         m = st.get("metrics") or {}
-        ttfa = next(iter((m.get("rtserver_ttfa_ms") or {}).get("series", {}).values()), None)
+        ttfa_s = next(iter((m.get("rtserver_ttfa_seconds") or {}).get("series", {}).values()),
+                      None)
+        # the table is in ms, /metrics in seconds (Prometheus' base unit)
+        ttfa = None if ttfa_s is None else {
+            k: v if k == "count" or v is None else 1000.0 * v for k, v in ttfa_s.items()}
         rtf = next(iter((m.get("rtserver_rtf") or {}).get("series", {}).values()), None)
         errs = (m.get("rtserver_errors") or {}).get("series", {})
         outcomes = (m.get("rtserver_contexts") or {}).get("series", {})

@@ -8,7 +8,7 @@ second through the link and the CPU each side spent per chunk (user +
 system, /proc), which says how much of a core the link takes at a given
 number of streams, and whether shared-memory rings would be worth writing;
 and the delay from the worker's send to the front end's read (bucket bounds
-of ``rtserver_gpu_worker_chunk_delay_ms``).
+of ``rtserver_gpu_worker_chunk_delay_seconds``, reported in ms).
 
     python -m rtserver.tools.bench.worker_ipc --streams 1,16,64,256 \\
         --chunk-samples 2048 --chunks 200 --out bench-out/worker-ipc
@@ -98,10 +98,10 @@ def _worker_main(endpoint: str, samples: int, chunks: int, interval_s: float,
 def _delay_buckets(link: WorkerLink) -> dict[float, float]:
     """Cumulative counts of the link's chunk-delay histogram, by upper bound (ms)."""
     out: dict[float, float] = {}
-    for metric in link.chunk_delay_ms.collect():
+    for metric in link.chunk_delay_seconds.collect():
         for sample in metric.samples:
             if sample.name.endswith("_bucket"):
-                out[float(sample.labels["le"])] = sample.value
+                out[round(float(sample.labels["le"]) * 1000.0, 6)] = sample.value
     return out
 
 

@@ -18,6 +18,12 @@ class ChatTTSConfig:
     device: str = "auto"  # "cpu", "cuda", "cuda:1", "auto"
     dtype: str = "auto"  # "float32", "bfloat16", "auto": bfloat16 on CUDA, float32 on CPU
     decoder: str = "decoder"  # "decoder" (hidden states) or "dvae" (codes)
+    # The decoder + Vocos pass: "auto" (bfloat16 on CUDA, float32 on CPU),
+    # "float32", "bfloat16" (CUDA; its error: chattts.decoder.config ``bf16``).
+    decoder_dtype: str = "auto"
+    # A later chunk may wait this long for others to share its decoder call;
+    # < 0: 40 ms on CUDA, 0 on CPU (chattts.decoder.config ``hold_s``).
+    decoder_hold_ms: float = -1.0
     # A TOML or JSON file: name -> upstream speaker string (TOML: a [speakers] table).
     voices_file: str = ""
     # Seeded speakers listed as voices (chattts:seed_N); any N may be configured.
@@ -67,6 +73,11 @@ class ChatTTSConfig:
         """``ValueError`` naming the field."""
         if self.decoder not in ("decoder", "dvae"):
             raise ValueError(f"chattts.decoder {self.decoder!r}: 'decoder' or 'dvae'")
+        if self.decoder_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"chattts.decoder_dtype {self.decoder_dtype!r}: auto, float32, "
+                             "bfloat16")
+        if self.decoder_hold_ms > 1000:
+            raise ValueError("chattts.decoder_hold_ms must be <= 1000")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"chattts.dtype {self.dtype!r}: auto, float32, bfloat16, float16")
         if not 0 <= self.speed <= 9:

@@ -45,7 +45,8 @@ async def _load_family(specs: Sequence[str], section: object, settings: VoiceSet
                                           extra_counters=runtime.counters))
     return FamilyVoices(voices={v.info.name: v for v in voices}, by_spec=by_spec,
                         warm_up_via=[first] if first is not None else [],
-                        collectors=collectors)
+                        collectors=collectors,
+                        engine_dead=getattr(engine, "dead_reason", None))
 
 
 FAMILY = VoiceFamily(

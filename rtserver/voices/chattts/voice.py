@@ -33,6 +33,7 @@ from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.base import Vocoder
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.chattts import text as ct
+from rtserver.voices.chattts.capabilities import CAPABILITIES
 from rtserver.voices.chattts.config import ChatTTSConfig
 from rtserver.voices.chattts.speaker import decode_speaker, normalised
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
@@ -246,7 +247,8 @@ class ChatTTSVoice:
         self._info = VoiceInfo(
             name=f"{FAMILY}:{speaker.name}", family=FAMILY, sample_rate=SAMPLE_RATE,
             language="zh", description=f"ChatTTS speaker {speaker.name} ({speaker.source})",
-            chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms)
+            chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms, capabilities=CAPABILITIES,
+            languages=("zh", "en"))  # upstream's normalizer reads either
         self._closed = False
 
     @property
@@ -344,6 +346,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
+    from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
     from rtserver.voices.chattts.decoder.stream import ChatTTSVocoder
     from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
     from rtserver.voices.chattts.engine.model import ChatLM
@@ -389,8 +392,12 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
     progress("starting the ChatTTS engine")
     await engine.start()
     try:
+        bf16 = cfg.decoder_dtype == "bfloat16" or (
+            cfg.decoder_dtype == "auto" and str(device).startswith("cuda"))
+        hold_s = cfg.decoder_hold_ms / 1000 if cfg.decoder_hold_ms >= 0 else -1.0
+        dec_cfg = ChatTTSDecodeConfig(route=cfg.decoder, bf16=bf16, hold_s=hold_s)
         vocoder = await asyncio.to_thread(ChatTTSVocoder.load, Path(cfg.asset_dir),
-                                          route=cfg.decoder, device=device)
+                                          device=device, config=dec_cfg)
         await vocoder.start()
     except BaseException:
         await engine.close()

@@ -10,6 +10,16 @@ its KV cache, and closes the vocoder stream.
 One engine and one vocoder per process serve every speaker: the voices
 ``orpheus:tara``, ``orpheus:leah``... share an ``OrpheusRuntime``.
 
+LoRA voices: a voice may name an adapter in PEFT layout on the base model
+(``[orpheus] adapters = ["alice=/adapters/alice"]``, or at run time through
+``OrpheusRuntime.add_adapter_voice``, behind ``POST /v1/admin/voices``). Each of
+its requests carries the adapter (vLLM batches up to ``max_loras`` adapters
+in one step, the base model's rows beside them). An adapter is read and
+checked by vLLM when it is added, so a broken one is ``unknown_voice`` with
+the reason, and never reaches a request. Removing a voice takes it from the
+server at once; contexts speaking with it go on, and its adapter is unloaded
+after ``RETIRE_GRACE_S`` without a request on it.
+
 Checkpoints are local folders: the HF Llama folder (config.json,
 tokenizer.json, safetensors) and the SNAC folder (config.json +
 pytorch_model.bin). ``dummy_weights``: the Llama gets random weights of its
@@ -23,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator
@@ -36,7 +48,9 @@ import numpy.typing as npt
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.engine.base import (
+    Adapter,
     CyclicTokenMask,
+    LoraEngine,
     SamplingSettings,
     SingleCodebookEngine,
     TokenRequest,
@@ -46,11 +60,12 @@ from rtserver.engine.quantization import (
     declared_quantization,
     resolve_quantization,
 )
-from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
+from rtserver.errors import BadAdapter, ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.base import Vocoder, VocoderStream
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
 from rtserver.voices.orpheus import codes as ot
+from rtserver.voices.orpheus.capabilities import CAPABILITIES, LORA_CAPABILITIES
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
 
 if TYPE_CHECKING:
@@ -59,6 +74,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAMILY = "orpheus"
+# A removed LoRA voice's adapter is unloaded after this long without a request
+# on it: contexts that were speaking with it ask for their next segment sooner.
+RETIRE_GRACE_S = 10.0
 
 # Audio tokens of slot i % 7 at output position i; end of speech at frame boundaries.
 AUDIO_MASK = CyclicTokenMask(
@@ -110,12 +128,46 @@ class OrpheusConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     warm_up_frames: int = 4
+    # LoRA voices: "<name>=<adapter folder>" (PEFT layout) is the voice
+    # orpheus:<name>, prompted as the speaker <name>; "<name>@<speaker>=<folder>"
+    # prompts as <speaker> (an adapter trained on a stock speaker's name).
+    adapters: tuple[str, ...] = ()
+    lora: bool = False  # serve LoRA voices (on when adapters are set); added at run time too
+    max_loras: int = 8  # adapters in one batch (vLLM max_loras)
+    max_lora_rank: int = 64  # the largest rank served (vLLM: 1, 8, 16, 32, 64, 128, ...)
+    max_adapters: int = 32  # adapters loaded at once (vLLM max_cpu_loras)
+    # When set, adapter folders must lie under it (relative ones are read from it).
+    adapter_root: str = ""
+
+    @property
+    def lora_on(self) -> bool:
+        return self.lora or bool(self.adapters)
+
+    def adapter_specs(self) -> list[tuple[str, str, str]]:
+        """``adapters`` as (name, speaker, folder); ``ValueError`` naming the bad one."""
+        out: list[tuple[str, str, str]] = []
+        for entry in self.adapters:
+            head, sep, folder = entry.partition("=")
+            name, _, speaker = head.strip().partition("@")
+            if not sep or not folder.strip():
+                raise ValueError(f"adapters entry {entry!r}: '<name>=<folder>' or "
+                                 "'<name>@<speaker>=<folder>'")
+            out.append((check_adapter_name(name, self.speakers), speaker.strip() or name,
+                        folder.strip()))
+        names = [n for n, _, _ in out]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapters: a name is given twice ({', '.join(names)})")
+        return out
 
     def check(self) -> None:
         """Cross-field checks, once every source of settings is applied."""
         if self.speaker not in self.speakers:
             raise ValueError(f"speaker {self.speaker!r} is not one of speakers "
                              f"({', '.join(self.speakers)})")
+        self.adapter_specs()
+        if self.lora_on and not 1 <= self.max_loras <= self.max_adapters:
+            raise ValueError(f"max_loras {self.max_loras} must be from 1 to max_adapters "
+                             f"({self.max_adapters})")
         for name, allowed in (("token_guard", ("auto", "mask", "allowed", "none")),
                               ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny"))):
             value = getattr(self, name)
@@ -129,6 +181,44 @@ class OrpheusConfig:
 
 
 SnacFrames = npt.NDArray[np.int64]  # (frames, 7) codes in SNAC order
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+def check_adapter_name(name: str, speakers: tuple[str, ...]) -> str:
+    """A LoRA voice's name (``orpheus:<name>``): 1-64 of letters, digits,
+    ``_.-``, not a stock speaker's; ``ValueError`` otherwise."""
+    if not _ADAPTER_NAME.match(name):
+        raise ValueError(f"voice name {name[:70]!r}: 1-64 letters, digits, '_', '.', '-'")
+    if name in speakers:
+        raise ValueError(f"voice name {name!r} is a stock speaker's")
+    return name
+
+
+def check_adapter_folder(folder: str, root: str = "") -> Path:
+    """The adapter folder, resolved (under ``root`` when set), with a PEFT
+    LoRA layout; ``BadAdapter`` saying what is wrong. vLLM checks the rest."""
+    path = Path(root, folder) if root else Path(folder)
+    path = path.resolve()
+    if root and not path.is_relative_to(Path(root).resolve()):
+        raise BadAdapter(f"adapter folder {folder!r} is outside the adapter root")
+    if not path.is_dir():
+        raise BadAdapter(f"adapter folder {folder!r} does not exist")
+    cfg = path / "adapter_config.json"
+    try:
+        meta = json.loads(cfg.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadAdapter(f"adapter folder {folder!r} has no adapter_config.json") from None
+    except (OSError, ValueError) as exc:
+        raise BadAdapter(f"adapter {folder!r}: adapter_config.json does not read: "
+                         f"{exc}") from None
+    if not isinstance(meta, dict) or str(meta.get("peft_type", "")).upper() != "LORA":
+        raise BadAdapter(f"adapter {folder!r}: adapter_config.json is not a LoRA "
+                         "(peft_type \"LORA\")")
+    if not any((path / f).is_file() for f in ("adapter_model.safetensors",
+                                              "adapter_model.bin")):
+        raise BadAdapter(f"adapter folder {folder!r} has no adapter_model.safetensors")
+    return path
 
 
 class OrpheusRuntime:
@@ -146,6 +236,10 @@ class OrpheusRuntime:
         self._users = 0
         self._voices: dict[str, OrpheusVoice] = {}
         self.reslotted_tokens = 0  # wrong-slot audio tokens taken for the right slot
+        self._adapter_voices: dict[str, OrpheusVoice] = {}  # LoRA voices, by name
+        self._adapter_ids = 0  # the last adapter id given (each add gets a new one)
+        self._adapter_lock = asyncio.Lock()
+        self._unloading: set[asyncio.Task[None]] = set()
 
     def counters(self) -> dict[str, tuple[str, float]]:
         """The voice's and its vocoder's counters for /metrics: name -> (doc, value)."""
@@ -184,8 +278,66 @@ class OrpheusRuntime:
         return v
 
     def all_voices(self) -> list[OrpheusVoice]:
-        """A voice per configured speaker (``orpheus:tara``, ``orpheus:leah``, ...)."""
-        return [self.voice(name) for name in self.config.speakers]
+        """A voice per configured speaker (``orpheus:tara``, ``orpheus:leah``, ...)
+        and one per LoRA voice added."""
+        return [*(self.voice(name) for name in self.config.speakers),
+                *self._adapter_voices.values()]
+
+    # LoRA voices ----------------------------------------------------------------
+
+    async def add_adapter_voice(self, name: str, folder: str,
+                                speaker: str | None = None) -> OrpheusVoice:
+        """A new voice ``orpheus:<name>``: the base model with the adapter in
+        ``folder`` (PEFT layout), prompted as ``speaker`` (default: ``name``).
+        ``UnknownVoice`` / ``BadAdapter`` with the reason."""
+        cfg = self.config
+        engine = self.engine
+        if not cfg.lora_on or not isinstance(engine, LoraEngine):
+            raise BadAdapter(f"voice orpheus:{name}: LoRA voices are off "
+                             "([orpheus] lora = true, or adapters)")
+        try:
+            check_adapter_name(name, cfg.speakers)
+        except ValueError as exc:
+            raise BadAdapter(str(exc)) from None
+        path = check_adapter_folder(folder, cfg.adapter_root)
+        async with self._adapter_lock:
+            if name in self._adapter_voices:
+                raise BadAdapter(f"voice orpheus:{name} exists; remove it first")
+            self._adapter_ids += 1
+            adapter = Adapter(name=name, id=self._adapter_ids, path=str(path))
+            await engine.add_adapter(adapter)
+            voice = OrpheusVoice(self, speaker or name, name=name, adapter=adapter)
+            self._adapter_voices[name] = voice
+        log.info("LoRA voice %s added (adapter id %d)", voice.info.name, adapter.id)
+        return voice
+
+    async def remove_adapter_voice(self, name: str) -> OrpheusVoice:
+        """Forget the LoRA voice ``name``; its adapter is unloaded once its
+        last request ends. ``UnknownVoice`` if there is none."""
+        voice = self._adapter_voices.pop(name, None)
+        if voice is None:
+            raise UnknownVoice(f"no LoRA voice orpheus:{name}")
+        voice.retire()
+        return voice
+
+    def unload_when_idle(self, voice: OrpheusVoice, grace_s: float = RETIRE_GRACE_S) -> None:
+        """Unload a retired voice's adapter once no request has run on it for
+        ``grace_s`` (a context still speaking with it asks for its next
+        segment within that)."""
+        adapter, engine = voice.adapter, self.engine
+        if adapter is None or not isinstance(engine, LoraEngine):
+            return
+
+        async def unload() -> None:
+            await asyncio.sleep(grace_s)
+            if voice.idle:  # else the stream that ends last schedules it again
+                voice.unloaded = True
+                await engine.remove_adapter(adapter)
+
+        task = asyncio.get_running_loop().create_task(unload(),
+                                                      name=f"unload adapter {adapter.name}")
+        self._unloading.add(task)
+        task.add_done_callback(self._unloading.discard)
 
     async def release(self) -> None:
         """One voice closed; the last one closes engine and vocoder."""
@@ -193,6 +345,8 @@ class OrpheusRuntime:
         if self._users > 0:
             return
         _RUNTIMES.pop(_runtime_key(self.config), None)
+        for task in self._unloading:  # the engine closes: nothing is left to unload
+            task.cancel()
         try:
             await self.vocoder.close()
         finally:
@@ -202,21 +356,31 @@ class OrpheusRuntime:
 
 
 class OrpheusVoice:
-    """A ``Voice``: one Orpheus speaker (``orpheus:<speaker>``)."""
+    """A ``Voice``: one Orpheus speaker (``orpheus:<speaker>``), or a LoRA
+    voice (``orpheus:<name>``: the adapter, prompted as ``speaker``)."""
 
-    def __init__(self, runtime: OrpheusRuntime, speaker: str) -> None:
+    def __init__(self, runtime: OrpheusRuntime, speaker: str, *, name: str | None = None,
+                 adapter: Adapter | None = None) -> None:
         self._rt = runtime
         self.speaker = speaker
+        self.adapter = adapter
         dummy = " (random weights: the speed is real, the sound is noise)" \
             if runtime.config.dummy_weights else ""
+        what = f"LoRA voice {name} (adapter on the base model, as {speaker})" \
+            if adapter is not None else f"speaker {speaker}"
         plan_ms, cost_ms = chunk_timing(
             getattr(runtime.vocoder, "chunking", None), ot.SAMPLE_RATE,
             frame_ms=1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE)
-        self._info = VoiceInfo(name=f"{FAMILY}:{speaker}", family=FAMILY,
+        self._info = VoiceInfo(name=f"{FAMILY}:{name or speaker}", family=FAMILY,
                                sample_rate=ot.SAMPLE_RATE, language="en",
-                               description=f"Orpheus TTS speaker {speaker}{dummy}",
-                               chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms)
+                               description=f"Orpheus TTS {what}{dummy}",
+                               chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms,
+                               capabilities=LORA_CAPABILITIES if adapter is not None
+                               else CAPABILITIES)
         self._closed = False
+        self._open = 0  # streams in flight
+        self._retired = False  # a LoRA voice removed: unload its adapter when idle
+        self.unloaded = False  # its adapter is gone from the engine
 
     @property
     def info(self) -> VoiceInfo:
@@ -252,6 +416,7 @@ class OrpheusVoice:
             stop_token_ids=ot.STOP_TOKEN_IDS,
             priority=0 if request.first else 1,
             mask=AUDIO_MASK,
+            adapter=self.adapter,
         )
 
     def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
@@ -263,10 +428,13 @@ class OrpheusVoice:
         tests, benchmarks)."""
         if self._closed:
             raise EngineFailed("the voice is closed")
+        if self.unloaded:  # removed, and idle past the grace: the adapter is gone
+            raise UnknownVoice(f"voice {self._info.name} was removed")
         treq = self.token_request(request, max_tokens=max_tokens)
         frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS,
                                    reslot=self._rt.config.wrong_slot == "reslot")
         stream: VocoderStream[SnacFrames] = self._rt.vocoder.open_stream()
+        self._open += 1
         try:
             tokens = self._rt.engine.generate(treq)
             async with contextlib.aclosing(tokens):
@@ -285,14 +453,35 @@ class OrpheusVoice:
                 yield chunk
         finally:
             stream.close()
+            self._open -= 1
+            if self._retired and self._open == 0:
+                self._rt.unload_when_idle(self)
             if frames.reslotted_tokens:
                 self._rt.reslotted_tokens += frames.reslotted_tokens
                 log.debug("request %s: %d audio tokens of the wrong slot re-slotted",
                           request.request_id, frames.reslotted_tokens)
 
+    @property
+    def idle(self) -> bool:
+        return self._open == 0
+
+    def retire(self) -> None:
+        """A LoRA voice is removed (the server offers it no more): contexts
+        speaking with it go on; its adapter is unloaded once no request has
+        run on it for ``RETIRE_GRACE_S``."""
+        if self.adapter is None or self._retired:
+            return
+        self._retired = True
+        if self._open == 0:
+            self._rt.unload_when_idle(self)
+
     async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        if self._closed:
+            return
+        self._closed = True
+        if self.adapter is not None:  # not a user of the runtime: the speakers are
+            self.retire()
+        else:
             await self._rt.release()
 
 
@@ -352,7 +541,9 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
             priority_scheduling=cfg.priority_scheduling,
             token_guard=guard,  # type: ignore[arg-type]
             tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,
-            stream_interval=cfg.stream_interval))
+            stream_interval=cfg.stream_interval,
+            max_loras=cfg.max_loras if cfg.lora_on else 0, max_lora_rank=cfg.max_lora_rank,
+            max_adapters=cfg.max_adapters))
         snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
         if snac_dir is None and not cfg.dummy_weights:
             raise ConfigError("Orpheus needs a SNAC folder (orpheus snac_dir), or dummy weights")
@@ -371,8 +562,18 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    return OrpheusRuntime(cfg, engine, vocoder, tokenizer, max_model_len=engine.max_model_len,
-                          temp_dir=temp_dir)
+    runtime = OrpheusRuntime(cfg, engine, vocoder, tokenizer,
+                             max_model_len=engine.max_model_len, temp_dir=temp_dir)
+    try:
+        for name, speaker, folder in cfg.adapter_specs():
+            await runtime.add_adapter_voice(name, folder, speaker)
+    except UnknownVoice as exc:  # a configured adapter that cannot serve: say so at start
+        await vocoder.close()
+        await engine.close()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise ConfigError(f"[orpheus] adapters: {exc.message}") from None
+    return runtime
 
 
 async def load_orpheus_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:

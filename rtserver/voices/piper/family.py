@@ -93,7 +93,8 @@ async def _load(specs: Sequence[str], section: object, settings: VoiceSettings,
     pool = SynthesisPool(settings.threads or (os.cpu_count() or 1), name="piper",
                          background_nice=cfg.background_nice)
     out = FamilyVoices(voices={}, by_spec={},
-                       release=lambda: asyncio.to_thread(pool.close))
+                       release=lambda: asyncio.to_thread(pool.close),
+                       engine_dead=lambda: pool.dead)
     try:
         for spec in specs:
             path = spec.removeprefix("piper:")

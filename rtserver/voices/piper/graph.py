@@ -38,7 +38,8 @@ import numpy as np
 from rtserver.errors import ConfigError
 
 # Bump when the files or the figures in the cache change meaning.
-CACHE_VERSION = 2
+# 3: the front also outputs the phoneme durations (``find_durations``).
+CACHE_VERSION = 3
 _ACTIVATIONS = ("LeakyRelu", "Relu")
 # Ops that work on a [batch, channels, 1, time] tensor as on [batch, channels, time]
 _RANK_FREE = frozenset({"LeakyRelu", "Relu", "Tanh", "Add", "Sub", "Mul", "Div", "Identity"})
@@ -56,7 +57,7 @@ class DecoderCut:
 class SplitVoice:
     """The two graphs of one voice and what was measured about the decoder."""
 
-    front: Path  # phoneme ids, lengths, scales (, sid) -> z (, g)
+    front: Path  # phoneme ids, lengths, scales (, sid) -> z (, g) (, durations)
     decoder: Path  # z (, g) -> audio
     cut: DecoderCut
     hop: int  # output samples per frame of z
@@ -64,6 +65,9 @@ class SplitVoice:
     # changes no sample more than this before t's span or after it.
     support: int
     conv2d: bool = False  # the decoder's convolutions were made 2-D (``as_conv2d``)
+    # The front's last output is each phoneme id's duration in frames of z
+    # (VITS ``w_ceil``; ``find_durations``); False: the graph has none.
+    durations: bool = False
 
 
 def find_decoder_cut(model: Any) -> DecoderCut:
@@ -92,6 +96,19 @@ def find_decoder_cut(model: Any) -> DecoderCut:
         raise ConfigError("not a Piper VITS graph: cannot tell conv_pre from the speaker conv")
     pre, cond = (convs[0], convs[1]) if kernels[0] > kernels[1] else (convs[1], convs[0])
     return DecoderCut(z=pre.input[0], g=cond.input[0])
+
+
+def find_durations(model: Any) -> str | None:
+    """The tensor holding each phoneme id's duration in frames of ``z``, or None.
+
+    VITS ``infer`` (Piper's export): ``w = exp(logw) * x_mask * length_scale;
+    w_ceil = ceil(w)``, and ``z`` has ``sum(w_ceil)`` frames (each id's
+    encoder output repeated ``w_ceil`` times by ``generate_path``). The
+    graph's only ``Ceil`` is that one; ``_split_into`` checks the sum on a
+    real run before trusting it.
+    """
+    ceils = [n for n in model.graph.node if n.op_type == "Ceil"]
+    return str(ceils[0].output[0]) if len(ceils) == 1 else None
 
 
 def default_cache_dir() -> Path:
@@ -161,7 +178,12 @@ def _split_into(model_path: Path, out: Path) -> None:
             model.graph.value_info.append(onnx.helper.make_tensor_value_info(
                 name, onnx.TensorProto.FLOAT, ["batch", "channels", "time"]))
     extractor = onnx.utils.Extractor(model)
-    onnx.save(extractor.extract_model(inputs, cut_names), str(out / "front.onnx"))
+    durations = find_durations(model)
+    front_outputs = cut_names + ([durations] if durations else [])
+    onnx.save(extractor.extract_model(inputs, front_outputs), str(out / "front.onnx"))
+    if durations and not _durations_match(out / "front.onnx"):
+        durations = None  # not w_ceil after all: the front without it
+        onnx.save(extractor.extract_model(inputs, cut_names), str(out / "front.onnx"))
     decoder = extractor.extract_model(cut_names, outputs)
     onnx.save(decoder, str(out / "decoder.onnx"))
     hop, support = measure_decoder(out / "front.onnx", out / "decoder.onnx", cut)
@@ -170,7 +192,8 @@ def _split_into(model_path: Path, out: Path) -> None:
     if flat is not None and two_d:
         onnx.save(flat, str(out / "decoder.onnx"))
     meta = {"version": CACHE_VERSION, "z": cut.z, "g": cut.g, "hop": hop, "support": support,
-            "decoder_conv2d": two_d, "onnx": onnx.__version__}
+            "decoder_conv2d": two_d, "durations": durations is not None,
+            "onnx": onnx.__version__}
     (out / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
 
 
@@ -301,7 +324,43 @@ def _load_cached(folder: Path) -> SplitVoice | None:
     return SplitVoice(front=front, decoder=decoder,
                       cut=DecoderCut(z=str(meta["z"]), g=meta["g"] and str(meta["g"])),
                       hop=int(meta["hop"]), support=int(meta["support"]),
-                      conv2d=bool(meta.get("decoder_conv2d", False)))
+                      conv2d=bool(meta.get("decoder_conv2d", False)),
+                      durations=bool(meta.get("durations", False)))
+
+
+def _durations_match(front: Path) -> bool:
+    """The front's last output has one duration per phoneme id and they add
+    up to the frames of ``z`` (its first output), on a few phoneme ids."""
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(front), sess_options=opts,
+                                           providers=["CPUExecutionProvider"])
+    ids = np.arange(1, 25, dtype=np.int64)[None, :] % 40 + 1
+    try:
+        got = session.run(None, _front_feed(session, ids))
+    except Exception:  # onnxruntime's own errors: no usable durations
+        return False
+    z, durations = np.asarray(got[0]), np.asarray(got[-1]).reshape(-1)
+    return durations.size == ids.shape[1] and round(float(durations.sum())) == z.shape[2]
+
+
+def _front_feed(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The front's inputs for phoneme ``ids`` ([1, n]) with Piper's default scales."""
+    feed: dict[str, np.ndarray] = {}
+    for inp in session.get_inputs():
+        if inp.name == "input":
+            feed[inp.name] = ids
+        elif inp.name == "input_lengths":
+            feed[inp.name] = np.asarray([ids.shape[1]], dtype=np.int64)
+        elif inp.name == "scales":
+            feed[inp.name] = np.asarray([0.667, 1.0, 0.8], dtype=np.float32)
+        elif inp.name == "sid":
+            feed[inp.name] = np.asarray([0], dtype=np.int64)
+        else:
+            raise ConfigError(f"Piper front graph has an unknown input {inp.name!r}")
+    return feed
 
 
 def measure_decoder(front: Path, decoder: Path, cut: DecoderCut, *, frames: int = 96,
@@ -323,18 +382,7 @@ def measure_decoder(front: Path, decoder: Path, cut: DecoderCut, *, frames: int 
                                            providers=["CPUExecutionProvider"])
     dec_s = onnxruntime.InferenceSession(str(decoder), sess_options=opts,
                                          providers=["CPUExecutionProvider"])
-    feed: dict[str, np.ndarray] = {}
-    for inp in front_s.get_inputs():
-        if inp.name == "input":
-            feed[inp.name] = np.arange(1, 33, dtype=np.int64)[None, :] % 40 + 1
-        elif inp.name == "input_lengths":
-            feed[inp.name] = np.asarray([32], dtype=np.int64)
-        elif inp.name == "scales":
-            feed[inp.name] = np.asarray([0.667, 1.0, 0.8], dtype=np.float32)
-        elif inp.name == "sid":
-            feed[inp.name] = np.asarray([0], dtype=np.int64)
-        else:
-            raise ConfigError(f"Piper front graph has an unknown input {inp.name!r}")
+    feed = _front_feed(front_s, np.arange(1, 33, dtype=np.int64)[None, :] % 40 + 1)
     got = front_s.run(None, feed)
     z_real = np.asarray(got[0], dtype=np.float32)
     g = np.asarray(got[1], dtype=np.float32) if cut.g else None

@@ -15,19 +15,30 @@ the cores for its ~50 ms instead of queueing behind them. With
 (Linux: nice is per thread), so the kernel gives a first segment's thread the core it shares
 with them (CFS weight 1024 at nice 0 vs 110 at nice 10) instead of half of
 it; cores the lane does not need stay theirs.
+
+A thread that ends other than by ``close`` (a bug in the loop, not in a job:
+a job's exception goes to its caller) kills the pool: ``dead`` says why, the
+jobs queued fail with ``EngineDead``, and so does every later ``submit``; the
+server sees ``dead`` and exits to be restarted (a pool short of a thread
+would go on quietly at a fraction of its capacity).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import heapq
 import itertools
 import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from rtserver.errors import EngineDead
 
 T = TypeVar("T")
 log = logging.getLogger("rtserver.synthesis")
@@ -95,7 +106,9 @@ class SynthesisPool:
         self._cond = threading.Condition()
         self._order = itertools.count()
         self._closed = False
+        self.dead: str | None = None  # why a thread died (see the module docstring)
         self._busy = 0
+        self._running: dict[int, Future[Any]] = {}  # thread -> the job it runs now
         self._workers = workers
         self._threads = [
             threading.Thread(target=self._work, args=(False,), name=f"{name}-{i}", daemon=True)
@@ -124,7 +137,11 @@ class SynthesisPool:
     def submit(self, run: Callable[[], Any], *, first: bool, deadline: float) -> Future[Any]:
         """Queue ``run``; the returned future may be cancelled while queued."""
         future: Future[Any] = Future()
+        # the caller's context variables (its request id for log lines) in the job
+        run = functools.partial(contextvars.copy_context().run, run)
         with self._cond:
+            if self.dead is not None:
+                raise EngineDead(f"the synthesis pool is dead: {self.dead}")
             if self._closed:
                 raise RuntimeError("synthesis pool is closed")
             heapq.heappush(self._heap, _Job((not first, deadline, next(self._order)), run, future))
@@ -142,6 +159,32 @@ class SynthesisPool:
             t.join(timeout=5)
 
     def _work(self, first_only: bool) -> None:
+        try:
+            self._loop(first_only)
+        except BaseException as exc:
+            log.critical("synthesis thread %s died", threading.current_thread().name,
+                         exc_info=True)
+            self._die(f"thread {threading.current_thread().name} died: "
+                      f"{type(exc).__name__}: {exc}")
+
+    def _die(self, why: str) -> None:
+        """The calling thread dies: fail its job and every queued one."""
+        with self._cond:
+            own = self._running.pop(threading.get_ident(), None)
+            if self._closed or self.dead is not None:
+                return
+            self.dead = why
+            jobs, self._heap = self._heap, []
+            self._cond.notify_all()
+        err = EngineDead(f"the synthesis pool is dead: {why}")
+        for job in jobs:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(err)
+        if own is not None:
+            with contextlib.suppress(InvalidStateError):  # it had ended
+                own.set_exception(err)
+
+    def _loop(self, first_only: bool) -> None:
         if not first_only:
             set_thread_nice(self.background_nice)
         while True:
@@ -156,6 +199,7 @@ class SynthesisPool:
                 if not job.future.set_running_or_notify_cancel():
                     continue
                 self._busy += 1
+                self._running[threading.get_ident()] = job.future
             try:
                 job.future.set_result(job.run())
             except BaseException as exc:  # delivered to the awaiting task, not lost
@@ -163,3 +207,4 @@ class SynthesisPool:
             finally:
                 with self._cond:
                     self._busy -= 1
+                    self._running.pop(threading.get_ident(), None)

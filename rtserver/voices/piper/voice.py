@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from rtserver.audio.pcm import PcmChunk
+from rtserver.audio.pcm import PcmChunk, WordTime
 from rtserver.clock import Clock
 from rtserver.errors import ConfigError, EngineFailed
 from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
@@ -39,6 +39,7 @@ from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voi
 from rtserver.voices.piper.bf16 import MAX_ERROR_DB, Bf16Decoder, error_db
 from rtserver.voices.piper.blocked import blocked_decoder
 from rtserver.voices.piper.blocked import session_options as blocked_session_options
+from rtserver.voices.piper.capabilities import CAPABILITIES
 from rtserver.voices.piper.espeak import patch_espeakbridge
 from rtserver.voices.piper.graph import SplitVoice, split_voice
 from rtserver.voices.piper.plan import (
@@ -49,6 +50,7 @@ from rtserver.voices.piper.plan import (
     sentence_jobs,
 )
 from rtserver.voices.piper.synthesis_pool import SynthesisPool, run_at_nice
+from rtserver.voices.piper.words import WordPlan, phoneme_frames
 
 EMBEDDED_NAME = "en_US-joe-medium"
 DECODER_PRECISIONS = ("float32", "bfloat16")
@@ -170,6 +172,8 @@ class _Sentence:
     z: FloatArray  # [1, channels, frames]
     g: FloatArray | None  # speaker embedding of a multi-speaker voice
     jobs: list[DecodeJob]
+    phonemes: list[str]
+    durations: FloatArray | None  # frames per phoneme id (``SplitVoice.durations``)
 
 
 class PiperVoice:
@@ -256,7 +260,8 @@ class PiperVoice:
             name=f"piper:{files.name}", family="piper", sample_rate=rate, language=lang,
             description=f"Piper VITS voice {files.name} (decoder {self.decoder_precision})",
             chunk_plan_ms=plan, chunk_cost_ms=cost,
-            parallel_segments=pool.workers)
+            parallel_segments=pool.workers, capabilities=CAPABILITIES,
+            word_timing="model" if split.durations else "estimated")
 
     @property
     def info(self) -> VoiceInfo:
@@ -282,13 +287,15 @@ class PiperVoice:
         deadline = request.deadline if request.deadline is not None else clock.now()
         rate = self._info.sample_rate
         marks = request.marks
-        sentence, head, rest = await self._submit(
+        sentence, head, rest, words = await self._submit(
             self._start, request.text, marks, request.first, deadline, clock, first=request.first,
             deadline=deadline)
         offset = 0  # samples of the segment before the current sentence
+        index = 0  # of the current sentence
         while sentence is not None and head is not None:
             joiner = SeamJoiner(self._chunks.samples_per_frame)
-            yield self._pcm(joiner.join(sentence.jobs[0], head))
+            yield self._pcm(joiner.join(sentence.jobs[0], head),
+                            self._words(words, index, sentence, offset))
             # The other decodes go in at once: the pool runs them by deadline,
             # beside other streams' work (and on two cores at a time when idle).
             start_s = deadline + offset / rate
@@ -303,6 +310,7 @@ class PiperVoice:
                 for future in futures:
                     future.cancel()  # still queued: never runs; running: result dropped
             offset += sentence.jobs[-1].emit_end
+            index += 1
             if not rest:
                 break
             ids, rest = rest[0], rest[1:]
@@ -316,21 +324,47 @@ class PiperVoice:
     # --- in the worker threads ----------------------------------------------
 
     def _start(self, text: str, marks: Marks | None, first: bool, deadline: float, clock: Clock
-               ) -> tuple[_Sentence | None, FloatArray | None, list[list[int]]]:
+               ) -> tuple[_Sentence | None, FloatArray | None, list[list[str]], WordPlan | None]:
         """Phonemize the segment, run the first sentence's front and first decode."""
         sentences = [p for p in self._piper.phonemize(text) if p]
-        ids = [self._piper.phonemes_to_ids(p) for p in sentences]
-        if not ids:
-            return None, None, []
-        sentence, head = self._front_and_first(ids[0], marks, first, deadline, clock)
-        return sentence, head, ids[1:]
+        if not sentences:
+            return None, None, [], None
+        words = self._word_plan(text, sentences) if self._split.durations else None
+        sentence, head = self._front_and_first(sentences[0], marks, first, deadline, clock)
+        return sentence, head, sentences[1:], words
 
-    def _front_and_first(self, ids: list[int], marks: Marks | None, first: bool,
+    def _word_plan(self, text: str, sentences: list[list[str]]) -> WordPlan | None:
+        """Which phonemes each word of ``text`` is spoken with (``words``);
+        None (no word times, the audio goes on) if that fails."""
+        def alone(word: str) -> list[str]:
+            return [p for s in self._piper.phonemize(word) for p in s]
+        try:
+            return WordPlan.of(text, sentences, alone)
+        except Exception as exc:  # word times are not worth a segment's audio
+            log.warning("Piper word times skipped for a segment: %s", exc)
+            return None
+
+    def _words(self, plan: WordPlan | None, index: int, sentence: _Sentence, offset: int
+               ) -> tuple[WordTime, ...]:
+        """The words that start in sentence ``index``, timed from the segment's start."""
+        if plan is None or sentence.durations is None:
+            return ()
+        rate = self._info.sample_rate
+        try:
+            edges = phoneme_frames(sentence.phonemes, self._piper.config.phoneme_id_map,
+                                   sentence.durations)
+        except ValueError as exc:  # not Piper's id layout: no word times for it
+            log.warning("Piper word times skipped: %s", exc)
+            return ()
+        return plan.sentence_words(index, edges, offset / rate, self._split.hop / rate)
+
+    def _front_and_first(self, phonemes: list[str], marks: Marks | None, first: bool,
                          deadline: float, clock: Clock) -> tuple[_Sentence, FloatArray]:
         """The sentence's front, its plan and its first decode. The plan is
         eager for a context's first sentence, near for audio needed soon, else
         bulk (``PiperChunking``)."""
         cfg = self._piper.config
+        ids = self._piper.phonemes_to_ids(phonemes)
         feed = {
             "input": np.asarray([ids], dtype=np.int64),
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
@@ -345,10 +379,11 @@ class PiperVoice:
             marks.mark(MODEL_OUTPUT_MARK)
         z = np.asarray(out[0], dtype=np.float32)
         g = np.asarray(out[1], dtype=np.float32) if self._split.cut.g else None
+        durations = np.asarray(out[-1], dtype=np.float32) if self._split.durations else None
         soon = deadline - clock.now() < self._chunking.eager_slack_ms / 1000.0
         config = self._chunks if first else self._near if soon else self._bulk
         plan = sentence_jobs(config, int(z.shape[2]))
-        sentence = _Sentence(z=z, g=g, jobs=plan)
+        sentence = _Sentence(z=z, g=g, jobs=plan, phonemes=phonemes, durations=durations)
         return sentence, self._decode(sentence, sentence.jobs[0], first=first)
 
     def _decode(self, sentence: _Sentence, job: DecodeJob, *, first: bool = False
@@ -394,8 +429,9 @@ class PiperVoice:
         """Only this call runs and none waits: it may use every core."""
         return self._pool.busy <= 1 and self._pool.queued == 0
 
-    def _pcm(self, samples: FloatArray) -> PcmChunk:
-        return PcmChunk(samples=np.clip(samples, -1.0, 1.0), sample_rate=self._info.sample_rate)
+    def _pcm(self, samples: FloatArray, words: tuple[WordTime, ...] = ()) -> PcmChunk:
+        return PcmChunk(samples=np.clip(samples, -1.0, 1.0), sample_rate=self._info.sample_rate,
+                        words=words)
 
     async def _submit(self, fn: Callable[..., T], *args: object, first: bool,
                       deadline: float) -> T:

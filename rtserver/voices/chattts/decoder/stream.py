@@ -48,12 +48,16 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         self.samples_per_step: int = STEP_SAMPLES
         self.width: int = decoder.width
         self.codebook_size: int = decoder.dims.vq.codebook_size
+        cuda = decoder.device.type == "cuda"
         pad = self.config.max_pad_fraction
         if pad < 0:
-            pad = 4.0 if decoder.device.type == "cuda" else 0.25
+            pad = 4.0 if cuda else 0.25
+        hold = self.config.hold_s
+        if hold < 0:
+            hold = 0.04 if cuda else 0.0
         super().__init__(DecodeBatcher(decoder, BatcherConfig(
             max_batch=self.config.max_batch, max_batch_frames=self.config.max_batch_frames,
-            max_pad_fraction=pad)), self.config.chunk_config())
+            max_pad_fraction=pad, hold_s=hold)), self.config.chunk_config())
 
     @classmethod
     def load(cls, root: Path | None, *, route: str | None = None, dummy: bool = False,

@@ -24,8 +24,11 @@ A request ends at a stop id or EOS in any codebook (upstream ChatTTS), at its
 step budget, or at the end of its slot; the device flags it, and the request
 runs one more step whose output is dropped (the price of not waiting).
 Faults stay with their requests: a row whose hidden state is not finite fails
-that request; an error in a step fails the requests of that step; a full
-queue is ``Overloaded`` with ``retry_after_ms``.
+that request; an error in a step (out of memory included) fails the requests
+of that step; a full queue is ``Overloaded`` with ``retry_after_ms``. A fault
+of the loop itself kills the engine: every open request, and every later one,
+fails with ``EngineDead``, and ``dead_reason()`` says why (the server polls
+it, drains and exits to be restarted).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from rtserver.engine.base import (
     HistogramAccumulator,
     TokenRequest,
 )
-from rtserver.errors import EngineFailed, Overloaded
+from rtserver.errors import EngineDead, EngineFailed, Overloaded
 from rtserver.voices.chattts.engine.handover import Batch, Handover
 from rtserver.voices.chattts.engine.model import ChatLM
 from rtserver.voices.chattts.engine.runner import (
@@ -250,13 +253,24 @@ class TorchCodeEngine:
     def healthy(self) -> bool:
         return self._thread is not None and self._dead is None
 
+    def dead_reason(self) -> str | None:
+        """Why the step loop is gone for good (it raised, or its thread ended
+        without ``close``), or None while it runs (and before ``start``)."""
+        if self._dead is not None:
+            return f"the torch engine's loop died: {type(self._dead).__name__}: {self._dead}"
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._stop:
+            return "the torch engine's thread ended"
+        return None
+
     # --- requests (event loop) ---------------------------------------------------
 
     async def generate(self, request: TokenRequest) -> AsyncGenerator[CodeDelta[np.ndarray], None]:
         """Steps of ``request`` as they are sampled, merged per read: each
         ``CodeDelta`` carries every step that arrived since the last one."""
-        if self._dead is not None:
-            raise EngineFailed(f"the torch engine has died: {self._dead}")
+        dead = self.dead_reason()
+        if dead is not None:
+            raise EngineDead(dead)
         model = self.model
         pending = self._pending(request, model)
         rid = request.request_id
@@ -358,8 +372,9 @@ class TorchCodeEngine:
         model = self.model
         if self._text is None:
             raise EngineFailed("the engine has no refine-text lane (text_slots = 0)")
-        if self._dead is not None:
-            raise EngineFailed(f"the torch engine has died: {self._dead}")
+        dead = self.dead_reason()
+        if dead is not None:
+            raise EngineDead(dead)
         n = len(request.prompt_token_ids)
         if n == 0 or not request.stop_token_ids:
             raise EngineFailed("refine needs a prompt and a stop id")
@@ -515,8 +530,12 @@ class TorchCodeEngine:
         except BaseException as exc:  # a bug in the loop itself: fail everything
             log.exception("torch engine loop died")
             self._dead = exc
-            err = EngineFailed(f"the engine died: {exc}")
+            err = EngineDead(f"the torch engine's loop died: {type(exc).__name__}: {exc}")
             self._post([(rid, None, None, True, err) for rid in list(self._streams)])
+            if self._text_futs and self._loop is not None and not self._loop.is_closed():
+                results: list[TextResult] = [(rid, None, err) for rid in list(self._text_futs)]
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._resolve_text, results)
 
     def _count(self, rec: Record, host_s: float, host_cpu_s: float) -> None:
         c, plan = self.counters_, rec.plan
