@@ -132,8 +132,13 @@ def build_http_app(app: AppState, speech: SpeechApi, tokens: TokenApi, admin: Ad
         code = (ErrorCode.UNSUPPORTED_FORMAT if param == "response_format"
                 else ErrorCode.BAD_MESSAGE)
         message = first.get("msg", "invalid request")
-        if param:
+        if param == "voice":  # a union: pydantic names the first branch that failed
+            message = "'voice' must be a voice name or an object {\"id\": <name>}"
+        elif param:
             message = f"'{'.'.join(loc)}': {message}"
+        else:
+            message = (f"the body must be a JSON object ({message}); send it with "
+                       "Content-Type: application/json")
         errors_counted(code.value)
         return to_response(openai_error(400, message, code.value, param))
 

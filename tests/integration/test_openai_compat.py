@@ -165,6 +165,9 @@ def test_every_error_is_in_openais_shape(server: ServerThread) -> None:
     assert (status, err["code"], err["param"]) == (400, "unsupported_format", "response_format")
     status, err = openai_error_of(http(speech, "POST", post_json, b"{not json"))
     assert status == 400 and err["code"] == "bad_message"
+    status, err = openai_error_of(http(speech, "POST", {
+        "Content-Type": "application/x-www-form-urlencoded"}, b'{"input": "Hi."}'))
+    assert status == 400 and "Content-Type: application/json" in err["message"]
     big = json.dumps({"input": "a" * (server.config.server.max_text_chars * 5)}).encode()
     status, err = openai_error_of(http(speech, "POST", post_json, big))
     assert (status, err["code"], err["param"]) == (413, "text_too_long", "input")
