@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import itertools
 import json
 import logging
@@ -203,6 +204,7 @@ class SpeechRequest:
     stream_format: str = "audio"
     model: str = "rtserver"
     ignored: tuple[str, ...] = ()  # request fields accepted and not used
+    request_id: str | None = None  # the request-id middleware's (rtserver.server.request_ids)
 
     def cache_key(self) -> PhraseKey:
         # every field that changes the audio; stream_format only wraps it
@@ -336,6 +338,9 @@ class SpeechApi:
         http = request_of(request.scope)
         speech = speech_request(body, self.app, self.voice_map,
                                 self.app.config.openai.ignore_instructions)
+        rid = request.scope.get("state", {}).get("request_id")
+        if isinstance(rid, str):
+            speech = dataclasses.replace(speech, request_id=rid)
         return RawResponse(lambda receive, send: self._respond(http, speech, receive, send))
 
     async def _respond(self, request: HttpRequest, speech: SpeechRequest, receive: Receive,
@@ -439,9 +444,10 @@ class SpeechApi:
                 raise  # the body stops short: uvicorn drops the connection
             # the status is sent; SSE can still say why, as OpenAI's streams do:
             # one last event that is the error object (no event type of its own)
-            status = HTTP_STATUS.get(err.code, 500)
-            await _quietly(out.write(sse_event(error_body(status, err.message,
-                                                          err.code.value))))
+            event = error_body(HTTP_STATUS.get(err.code, 500), err.message, err.code.value)
+            if speech.request_id is not None:  # as the middleware marks JSON error bodies
+                event["error"]["request_id"] = event["request_id"] = speech.request_id
+            await _quietly(out.write(sse_event(event)))
             await _quietly(out.end())
         finally:
             for task in (work, watcher):

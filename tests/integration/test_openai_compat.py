@@ -205,9 +205,12 @@ def test_a_mid_stream_failure_ends_sse_with_openais_error_object(
     *deltas, last = events
     assert deltas and all(e["type"] == "speech.audio.delta" for e in deltas)
     # OpenAI's form: the error object alone, no event type of its own (its
-    # client raises APIError for an event that carries "error")
-    assert set(last) == {"error"} and set(last["error"]) == ERROR_KEYS
+    # client raises APIError for an event that carries "error"), with the
+    # request's id beside and inside it, as on every JSON error body
+    assert set(last) == {"error", "request_id"}
+    assert set(last["error"]) == ERROR_KEYS | {"request_id"}
     assert last["error"]["code"] == "engine_failed"
+    assert last["request_id"] == last["error"]["request_id"] == response.headers["x-request-id"]
 
 
 def test_cors_preflight_and_answer_for_a_listed_origin(configured: ServerThread) -> None:
