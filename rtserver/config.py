@@ -44,6 +44,11 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     # Allowed Origin headers for browsers; empty allows any (and none).
     origins: tuple[str, ...] = ()
+    # Origins whose pages may call the HTTP API (CORS, through Starlette's
+    # CORSMiddleware): "*" for any; empty (the default) answers no CORS
+    # request, so a preflight OPTIONS is 405. The WebSocket's check is
+    # ``origins`` above: browsers send no preflight for a WebSocket.
+    cors_origins: tuple[str, ...] = ()
     max_message_bytes: int = 65536
     # Characters a context may receive in total (protects memory; a long chat
     # reply is ~5,000 characters).
@@ -177,6 +182,44 @@ class GpuConfig:
     metrics_port: int = 0
 
 
+# The voice names of OpenAI's speech API (its API reference, POST /audio/speech).
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
+                 "shimmer", "verse", "marin", "cedar")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIConfig:
+    """The OpenAI-compatible speech API (rtserver/server/openai_speech.py).
+
+    ``voices``: ``"name=voice"`` pairs. Each of OpenAI's voice names
+    (``OPENAI_VOICES``) speaks with the server's default voice unless a pair
+    names another (``"nova=chattts:2"``); a pair may also add a name of its
+    own, for a voice object's ``id`` (``"voice_1234=piper:en_US-joe-medium"``).
+    A pair naming a voice the server does not load fails the start.
+    """
+
+    voices: tuple[str, ...] = ()
+    # No rtserver voice follows free-text ``instructions`` (OpenAI's "speak
+    # cheerfully"), so a request with them is refused (400, param
+    # "instructions"); true speaks it without them and says so in the
+    # ``x-rtserver-ignored`` response header.
+    ignore_instructions: bool = False
+
+    def voice_map(self) -> dict[str, str]:
+        """OpenAI voice name (or a configured id) -> rtserver voice name or alias."""
+        out = dict.fromkeys(OPENAI_VOICES, "default")
+        for pair in self.voices:
+            name, _, voice = pair.partition("=")
+            out[name.strip()] = voice.strip()
+        return out
+
+    def check(self) -> None:
+        for pair in self.voices:
+            name, sep, voice = pair.partition("=")
+            if not sep or not name.strip() or not voice.strip():
+                raise ValueError(f"voices: {pair!r} is not 'name=voice'")
+
+
 def _default_families() -> Mapping[str, Any]:
     return MappingProxyType({n: cls() for n, cls in family_sections().items()})
 
@@ -192,6 +235,7 @@ class Config:
     # The phrase cache of the HTTP speech API (rtserver/cache.py).
     cache: CacheConfig = field(default_factory=CacheConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
     # Each voice family's own section, by family name ([orpheus], ...).
     families: Mapping[str, Any] = field(default_factory=_default_families)
 
@@ -391,6 +435,10 @@ def _validate(config: Config) -> None:
         raise ConfigError("admission: 0 < token_ttl_s <= token_max_ttl_s")
     if not 0 <= a.retry_min_ms <= a.retry_max_ms:
         raise ConfigError("admission: 0 <= retry_min_ms <= retry_max_ms")
+    try:
+        config.openai.check()
+    except ValueError as exc:
+        raise ConfigError(f"openai.{exc}") from None
     g = config.gpu
     if g.worker not in ("off", "process"):
         raise ConfigError(f"gpu.worker {g.worker!r}: 'off' or 'process'")

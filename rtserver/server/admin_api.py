@@ -24,11 +24,21 @@ from __future__ import annotations
 import json
 import logging
 from http import HTTPStatus
-from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from rtserver.cache import PhraseCache
 from rtserver.errors import ErrorCode, UnknownVoice
-from rtserver.server.asgi import BodyTooLarge, Receive, Send, read_body, send_response
+from rtserver.server.asgi import (
+    BodyTooLarge,
+    RawResponse,
+    Receive,
+    Send,
+    read_body,
+    request_of,
+    send_response,
+)
 from rtserver.server.guards import bearer
 from rtserver.server.http import HttpRequest, HttpResponse, json_response
 from rtserver.server.state import AppState, voices_json
@@ -50,8 +60,26 @@ class AdminApi:
         self.cache = cache  # the HTTP speech API's: a removed voice's phrases go
         self.configured = set(app.voices)  # voices DELETE leaves alone
 
-    def handlers(self) -> dict[tuple[str, str], Any]:
-        return {("POST", ADMIN_VOICES_PATH): self.add, ("DELETE", ADMIN_VOICES_PATH): self.remove}
+    def router(self) -> APIRouter:
+        router = APIRouter(tags=["admin"])
+        router.add_api_route(
+            ADMIN_VOICES_PATH, self._add_route, methods=["POST"], response_class=Response,
+            summary="Add a voice at run time (a LoRA adapter; Bearer API key)",
+            description="Body: `{\"name\", \"adapter\", \"family\"?, \"speaker\"?}`. "
+            "Answer 201 `{\"voice\": ...}`; errors `{\"code\", \"message\"}`. 404 when "
+            "the server has no API keys.")
+        router.add_api_route(
+            ADMIN_VOICES_PATH, self._remove_route, methods=["DELETE"], response_class=Response,
+            summary="Remove a voice added at run time (`?name=`; Bearer API key)")
+        return router
+
+    async def _add_route(self, request: Request) -> Response:
+        http = request_of(request.scope)
+        return RawResponse(lambda receive, send: self.add(http, receive, send))
+
+    async def _remove_route(self, request: Request) -> Response:
+        http = request_of(request.scope)
+        return RawResponse(lambda receive, send: self.remove(http, receive, send))
 
     def _refused(self, request: HttpRequest) -> HttpResponse | None:
         keys = self.app.config.server.api_keys

@@ -19,6 +19,7 @@ from rtserver.errors import CloseCode
 from rtserver.server.admin_api import AdminApi
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
+from rtserver.server.http_api import build_http_app
 from rtserver.server.limits import raise_fd_limit
 from rtserver.server.openai_speech import SpeechApi
 from rtserver.server.process_metrics import ProcessMetrics
@@ -100,9 +101,9 @@ class RtServer:
         self._sock = bind_socket(s)
         cache = PhraseCache.from_config(self.config.cache, self.app.metrics.registry)
         self._speech = SpeechApi(self.app, cache)
-        asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, {
-            **self._speech.handlers(), **TokenApi(self.app).handlers(),
-            **AdminApi(self.app, cache).handlers()}))
+        http_app = build_http_app(self.app, self._speech, TokenApi(self.app),
+                                  AdminApi(self.app, cache))
+        asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, http_app))
         config = uvicorn.Config(
             asgi, ws="websockets-sansio", http="httptools", lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,

@@ -8,8 +8,9 @@ does not read (the backpressure ``Outbox`` and ``overload_after_s`` rely on).
 - ``websocket`` scopes: ``admit_websocket`` may answer with HTTP (401, 403,
   429, 503, 404) before any WebSocket exists; else the handshake is accepted and
   ``on_websocket`` gets an ``AsgiWebSocket`` (``recv``/``send``/``close``).
-- ``http`` scopes: a streaming handler registered for (method, path), else
-  ``HttpRoutes`` (the GET endpoints and the demo's files).
+- ``http`` scopes: the HTTP app (FastAPI, rtserver.server.http_api). The
+  WebSocket stays on this path of its own: its handshake and frames pass no
+  framework layer (the same code, and cost, as before FastAPI came in).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from starlette.responses import Response
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 from websockets.frames import Close
 
 from rtserver.server.http import (
     HttpRequest,
     HttpResponse,
-    HttpRoutes,
     admit_websocket,
     release_websocket,
 )
@@ -186,29 +187,35 @@ class HttpStream:
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-StreamHandler = Callable[[HttpRequest, Receive, Send], Awaitable[None]]
+class RawResponse(Response):
+    """A framework response that its handler writes on the ASGI connection
+    itself (a body streamed as it is made, that watches for the client leaving)."""
+
+    def __init__(self, handler: Callable[[Receive, Send], Awaitable[None]]) -> None:
+        super().__init__()
+        self._handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._handler(receive, send)
+
+
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 WebSocketHandler = Callable[[AsgiWebSocket], Awaitable[None]]
 
 
 class RtAsgi:
-    """The ASGI application of one server."""
+    """The ASGI application of one server: ``http`` scopes to ``http_app``,
+    ``websocket`` scopes to the handshake's admission and ``on_websocket``."""
 
-    def __init__(self, app: AppState, on_websocket: WebSocketHandler,
-                 handlers: dict[tuple[str, str], StreamHandler] | None = None) -> None:
+    def __init__(self, app: AppState, on_websocket: WebSocketHandler, http_app: AsgiApp) -> None:
         self.app = app
-        self.routes = HttpRoutes(app)
         self.on_websocket = on_websocket
-        self.handlers = dict(handlers or {})
+        self.http_app = http_app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            request = request_of(scope)
-            handler = self.handlers.get((request.method, request.path))
-            if handler is not None:
-                await handler(request, receive, send)
-            else:
-                await send_response(send, self.routes(request), head=request.method == "HEAD")
+            await self.http_app(scope, receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":  # uvicorn runs with lifespan="off"; answer anyway

@@ -99,13 +99,14 @@ def authorized(app: AppState, request: HttpRequest, scope: str = SCOPE_STREAM) -
 
 
 def rate_limited_response(err: RateLimited) -> HttpResponse:
-    """429 with ``Retry-After`` (seconds) and the protocol's code and
-    ``retry_after_ms`` in the JSON body."""
+    """429 with ``Retry-After`` (seconds), ``retry-after-ms`` and the
+    protocol's code and ``retry_after_ms`` in the JSON body."""
     retry_ms = err.retry_after_ms or 1000
     return json_response(HTTPStatus.TOO_MANY_REQUESTS,
                          {"code": err.code.value, "message": err.message,
                           "retry_after_ms": retry_ms},
-                         (("retry-after", str(math.ceil(retry_ms / 1000))),))
+                         (("retry-after", str(math.ceil(retry_ms / 1000))),
+                          ("retry-after-ms", str(retry_ms))))
 
 
 def admit_websocket(app: AppState, request: HttpRequest) -> HttpResponse | None:

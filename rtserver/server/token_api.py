@@ -15,7 +15,18 @@ import time
 from http import HTTPStatus
 from typing import Any
 
-from rtserver.server.asgi import BodyTooLarge, Receive, Send, read_body, send_response
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from rtserver.server.asgi import (
+    BodyTooLarge,
+    RawResponse,
+    Receive,
+    Send,
+    read_body,
+    request_of,
+    send_response,
+)
 from rtserver.server.guards import bearer
 from rtserver.server.http import HttpRequest, json_response
 from rtserver.server.state import AppState
@@ -35,8 +46,19 @@ class TokenApi:
     def __init__(self, app: AppState) -> None:
         self.app = app
 
-    def handlers(self) -> dict[tuple[str, str], Any]:
-        return {("POST", TOKENS_PATH): self.mint}
+    def router(self) -> APIRouter:
+        router = APIRouter(tags=["browser tokens"])
+        router.add_api_route(
+            TOKENS_PATH, self._route, methods=["POST"], response_class=Response,
+            summary="Mint a short-lived token for a browser (Bearer API key)",
+            description="Body (optional): `{\"ttl_s\": 300, \"scope\": [\"stream\"]}`. "
+            "Answer: `{\"token\", \"expires_at\", \"expires_in_s\", \"scope\"}`; "
+            "errors `{\"code\", \"message\"}`. 404 when the server has no API keys.")
+        return router
+
+    async def _route(self, request: Request) -> Response:
+        http = request_of(request.scope)
+        return RawResponse(lambda receive, send: self.mint(http, receive, send))
 
     async def mint(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         await send_response(send, await self._answer(request, receive))

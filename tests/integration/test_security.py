@@ -87,5 +87,6 @@ async def test_connections_are_rate_limited_at_the_handshake() -> None:
         assert 0 < int(response.headers["Retry-After"]) <= 30
         body = json.loads(response.body)
         assert body["code"] == "rate_limited" and 0 < body["retry_after_ms"] <= 30_000
+        assert int(response.headers["retry-after-ms"]) == body["retry_after_ms"]
     finally:
         srv.stop()
