@@ -25,7 +25,8 @@ from rtserver.testing.wheels import (
 from rtserver.tools.bench.server_proc import free_port, http_get, spawn
 
 # What a pip-installed `rtserver serve` answers, by path: the content type it must have.
-SERVED = {"/": "text/html", "/ready": "text/plain"}
+SERVED = {"/": "text/html", "/ready": "text/plain", "/docs": "text/html",
+          "/openapi.json": "application/json"}
 
 
 @dataclass(frozen=True)
