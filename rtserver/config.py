@@ -87,6 +87,14 @@ class ServerConfig:
     # > 0: /metrics also on this port (worker i: metrics_port + i), for scraping
     # each process of a multi-process server.
     metrics_port: int = 0
+    # Peers whose X-Forwarded-For / X-Forwarded-Proto are believed (uvicorn's
+    # ``forwarded_allow_ips``): comma-separated addresses or networks (CIDR), or
+    # "*" for any (only when nothing but the proxy can reach the port). Behind
+    # an ingress, per-address limits (connections_per_minute, http_requests_per_key
+    # without API keys) then count each forwarded client, not the ingress.
+    # The default is uvicorn's (the loopback addresses); empty believes no
+    # peer. docs/DEPLOY.md, section 5.
+    forwarded_allow_ips: str = "127.0.0.1,::1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,16 @@ class AdmissionConfig:
     connections_per_minute: float = 600.0
     contexts_per_minute: float = 3000.0
     chars_per_minute: float = 200_000.0
+    # POST /v1/audio/speech requests one API key (one address without keys)
+    # may have open at once; past it HTTP 429 `too_many_contexts`. A backend
+    # usually holds one key for all its users, so this is sized from what one
+    # process can hold, not from one WebSocket's max_contexts: 128 is the most
+    # real-time streams measured on one server (docs/DESIGN.md, "Performance
+    # goals": Orpheus-3B and ChatTTS shapes on one H200, zero underruns to
+    # 128; Piper on 2 cores holds 24-28). Past capacity the load admission
+    # (first_heard_target_ms) and the breakers refuse, whoever asks; this cap
+    # only keeps one key from taking more than a whole server. 0 turns it off.
+    http_requests_per_key: int = 128
     # Buckets kept (least recently used go first), which bounds their memory.
     rate_keys: int = 10_000
     # A new context is refused with `overloaded` when its predicted time to
@@ -365,7 +383,7 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     a = config.admission
     for name in ("connections_per_minute", "contexts_per_minute", "chars_per_minute",
-                 "first_heard_target_ms"):
+                 "first_heard_target_ms", "http_requests_per_key"):
         if getattr(a, name) < 0:
             raise ConfigError(f"admission.{name} must be >= 0 (0 turns it off)")
     if a.rate_keys < 1 or a.breaker_failures < 1:

@@ -4,6 +4,8 @@
 - ``RateLimits``: per API key (or client address) buckets for connections,
   contexts and characters per minute; a refusal raises ``RateLimited`` with
   ``retry_after_ms``.
+- ``KeyConcurrency``: requests open at once per client key (the HTTP
+  speech API's ``http_requests_per_key``); over it ``TooManyContexts``.
 - ``LoadAdmission``: a new context is refused with ``overloaded`` (``Busy``)
   when its predicted time to first heard audio (``SpeechCore.
   predicted_first_heard_ms``: the core's one first-heard model) would miss
@@ -16,7 +18,10 @@ import math
 from collections import OrderedDict
 
 from rtserver.config import AdmissionConfig
-from rtserver.errors import Busy, RateLimited
+from rtserver.errors import Busy, RateLimited, TooManyContexts
+
+# Retry after a refusal for concurrency: about one short reply's length.
+CONCURRENCY_RETRY_MS = 1000
 
 
 class TokenBucket:
@@ -118,6 +123,34 @@ class RateLimits:
                               context=context, retry_after_ms=retry_ms(wait))
 
 
+class KeyConcurrency:
+    """Requests open at once per client key, at most ``limit`` each (0: no
+    limit). ``acquire`` counts one or raises ``TooManyContexts``; every
+    successful ``acquire`` is matched by one ``release``. Only keys with
+    requests open are kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+
+    def open(self, key: str) -> int:
+        return self._open.get(key, 0)
+
+    def acquire(self, key: str, what: str = "requests") -> None:
+        n = self._open.get(key, 0)
+        if self.limit > 0 and n >= self.limit:
+            raise TooManyContexts(f"{self.limit} {what} of this client are being served; "
+                                  "wait for one to finish", retry_after_ms=CONCURRENCY_RETRY_MS)
+        self._open[key] = n + 1
+
+    def release(self, key: str) -> None:
+        n = self._open.get(key, 0) - 1
+        if n > 0:
+            self._open[key] = n
+        else:
+            self._open.pop(key, None)
+
+
 class LoadAdmission:
     """Refuses a new context whose predicted first heard audio misses the target."""
 
@@ -139,4 +172,5 @@ class LoadAdmission:
                    context=context, retry_after_ms=retry)
 
 
-__all__ = ["LoadAdmission", "RateLimits", "TokenBucket", "retry_ms"]
+__all__ = ["CONCURRENCY_RETRY_MS", "KeyConcurrency", "LoadAdmission", "RateLimits",
+           "TokenBucket", "retry_ms"]

@@ -97,7 +97,11 @@ class RtServer:
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
             ws_ping_interval=s.ping_interval_s or None, ws_ping_timeout=s.ping_interval_s or None,
             server_header=False, date_header=False, access_log=False, log_config=None,
-            timeout_graceful_shutdown=5)
+            timeout_graceful_shutdown=5,
+            # the client address that per-address limits count (X-Forwarded-For
+            # from these peers only; config.py, ServerConfig.forwarded_allow_ips)
+            proxy_headers=bool(s.forwarded_allow_ips.strip()),
+            forwarded_allow_ips=s.forwarded_allow_ips.strip() or None)
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)

@@ -7,6 +7,8 @@ transport and the connections ask before they take on work.
   rate (``rate_limited``) or when its predicted time to first heard audio
   misses the target (``overloaded``); each refusal carries ``retry_after_ms``.
 - ``Gate.text``: the per-key character rate.
+- ``Gate.http``: requests of the HTTP speech API open per key
+  (``admission.http_requests_per_key``; ``acquire``/``release``).
 - ``Gate.ready``: what ``/ready`` answers (every voice up, not draining).
 - ``MessagePace``: one connection's message rate: the reader waits when the
   client sends faster than ``messages_per_s`` (after a burst), and a client
@@ -30,7 +32,7 @@ from rtserver.errors import (
     RateLimited,
     RtError,
 )
-from rtserver.server.admission import LoadAdmission, RateLimits, TokenBucket
+from rtserver.server.admission import KeyConcurrency, LoadAdmission, RateLimits, TokenBucket
 from rtserver.server.breaker import BreakerState, CircuitBreaker
 
 # A client that keeps its connection's reader waiting this long is flooding.
@@ -78,6 +80,7 @@ class Gate:
         self.config = config
         self.rates = RateLimits(config)
         self.load = LoadAdmission(config)
+        self.http = KeyConcurrency(config.http_requests_per_key)
         self.breakers = {v: CircuitBreaker(v, config.breaker_failures,
                                            config.breaker_cooldown_s,
                                            config.breaker_max_cooldown_s) for v in voices}

@@ -17,9 +17,10 @@ Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API
 keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text`` per
 request as for a context (draining, the voice's breaker, the per-key context
 and character rates, the predicted first heard audio), and at most
-``max_contexts`` requests of one client at once (the WebSocket's limit per
-connection). Errors are OpenAI's error JSON with the status of
-``HTTP_STATUS`` (the one map from rtserver's error codes).
+``admission.http_requests_per_key`` requests of one client at once
+(``Gate.http``; a backend's one key may use a whole server). Errors are
+OpenAI's error JSON with the status of ``HTTP_STATUS`` (the one map from
+rtserver's error codes).
 
 A finished phrase goes to the phrase cache (``rtserver.cache``); a repeat of
 the same voice, text, format and speed answers from memory at once.
@@ -49,7 +50,6 @@ from rtserver.errors import (
     ErrorCode,
     RtError,
     TextTooLong,
-    TooManyContexts,
     UnknownVoice,
     UnsupportedFormat,
 )
@@ -188,20 +188,12 @@ class SpeechApi:
         self.app = app
         self.cache = cache
         self.clock = app.clock  # the server's one clock
-        # requests being spoken per client (API key, else address): at most
-        # ``max_contexts``, the WebSocket's limit per connection
-        self._open: dict[str, int] = {}
         self._responses = 0  # responses not yet ended (a drain waits for them)
 
     @property
     def in_flight(self) -> int:
         """Speech responses being sent now (a drain waits for them)."""
         return self._responses
-
-    def _release(self, who: str) -> None:
-        self._open[who] -= 1
-        if not self._open[who]:
-            del self._open[who]
 
     def handlers(self) -> dict[tuple[str, str], Any]:
         return {("POST", SPEECH_PATH): self.speech, ("GET", VOICES_PATH): self.voices,
@@ -252,11 +244,12 @@ class SpeechApi:
             body = await read_body(receive, limit)
             speech = parse_speech_request(body, self.app)
             who = identify(self.app, request).key
-            if self._open.get(who, 0) >= self.app.config.server.max_contexts:
-                raise TooManyContexts(
-                    f"{self.app.config.server.max_contexts} requests of this client are being "
-                    "spoken; wait for one to finish", retry_after_ms=1000)
-            self._admit(who, speech)
+            self.app.gate.http.acquire(who, "speech requests")
+            try:
+                self._admit(who, speech)
+            except BaseException:
+                self.app.gate.http.release(who)
+                raise
         except ConnectionError:
             return
         except BodyTooLarge as exc:
@@ -270,7 +263,6 @@ class SpeechApi:
                 self.app.metrics.rejected.labels(reject_reason(exc)).inc()
             await send_response(send, error_response(exc, getattr(exc, "param", None)))
             return
-        self._open[who] = self._open.get(who, 0) + 1
         self._responses += 1
         held = True
 
@@ -280,7 +272,7 @@ class SpeechApi:
             nonlocal held
             if held:
                 held = False
-                self._release(who)
+                self.app.gate.http.release(who)
 
         try:
             await self._stream(speech, receive, send, release)

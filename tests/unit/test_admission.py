@@ -9,8 +9,14 @@ import dataclasses
 import pytest
 
 from rtserver.config import AdmissionConfig, ServerConfig
-from rtserver.errors import Busy, ControlFlood, EngineUnavailable, RateLimited
-from rtserver.server.admission import LoadAdmission, RateLimits, TokenBucket
+from rtserver.errors import (
+    Busy,
+    ControlFlood,
+    EngineUnavailable,
+    RateLimited,
+    TooManyContexts,
+)
+from rtserver.server.admission import KeyConcurrency, LoadAdmission, RateLimits, TokenBucket
 from rtserver.server.gate import Gate, MessagePace, reject_reason
 
 
@@ -72,6 +78,30 @@ def test_keys_are_bounded() -> None:
     for i in range(1000):
         rl.context(f"addr:{i}", 0.0)
     assert len(rl) == 100
+
+
+def test_key_concurrency_is_per_key_and_frees_on_release() -> None:
+    c = KeyConcurrency(limit=2)
+    c.acquire("backend")
+    c.acquire("backend")
+    with pytest.raises(TooManyContexts) as info:
+        c.acquire("backend")
+    assert info.value.retry_after_ms and info.value.retry_after_ms > 0
+    c.acquire("other")  # another key has its own count
+    c.release("backend")
+    c.acquire("backend")
+    assert (c.open("backend"), c.open("other")) == (2, 1)
+    for _ in range(2):
+        c.release("backend")
+    assert c.open("backend") == 0
+
+
+def test_http_concurrency_is_its_own_limit_not_max_contexts() -> None:
+    default = AdmissionConfig().http_requests_per_key
+    assert default > ServerConfig().max_contexts  # a backend's one key is not one connection
+    c = KeyConcurrency(limit=0)  # off
+    for _ in range(1000):
+        c.acquire("backend")
 
 
 def test_load_admission_refuses_over_the_target_with_retry_after() -> None:
