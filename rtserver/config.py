@@ -73,6 +73,17 @@ class ServerConfig:
     # LLM tokens at ~100 tokens/s each, with room to spare.
     messages_per_s: float = 1000.0
     message_burst: int = 2000
+    # Bytes a WebSocket may send per second, with bursts of input_byte_burst,
+    # counted before they are parsed (rtserver/server/ws_protocol.py); messages
+    # are counted there too, against messages_per_s and message_burst. Over
+    # either its reading pauses (TCP pushes back), and one held over its budget
+    # for flood_after_s is cut off (1008), so a client that floods without
+    # reading costs the event loop at most that much parsing. 256 KiB/s is
+    # five times 8 contexts of LLM tokens (~100 a second of ~60 bytes each)
+    # and four max_message_bytes messages in a burst.
+    input_bytes_per_s: int = 262_144
+    input_byte_burst: int = 262_144
+    flood_after_s: float = 1.0
     # File descriptors beyond max_connections (voices, engine, logs, pools);
     # the process raises its soft limit to max_connections + this at start.
     fd_margin: int = 256
@@ -378,7 +389,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     if s.overload_after_s <= 0:
         raise ConfigError("server.overload_after_s must be > 0")
-    for name in ("max_queued_messages", "messages_per_s", "message_burst"):
+    for name in ("max_queued_messages", "messages_per_s", "message_burst", "input_bytes_per_s",
+                 "input_byte_burst", "flood_after_s"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"server.{name} must be > 0")
     a = config.admission

@@ -4,6 +4,9 @@
 - ``RateLimits``: per API key (or client address) buckets for connections,
   contexts and characters per minute; a refusal raises ``RateLimited`` with
   ``retry_after_ms``.
+- ``InputBudget``: what one connection may send, checked before it is
+  parsed (bytes and messages a second); over it the connection is held, and
+  one held for ``flood_after_s`` is a flood (``ControlFlood``, 1008).
 - ``KeyConcurrency``: requests open at once per client key (the HTTP
   speech API's ``http_requests_per_key``); over it ``TooManyContexts``.
 - ``LoadAdmission``: a new context is refused with ``overloaded`` (``Busy``)
@@ -18,8 +21,10 @@ import math
 from collections import OrderedDict
 
 from rtserver.config import AdmissionConfig
-from rtserver.errors import Busy, RateLimited, TooManyContexts
+from rtserver.errors import Busy, ControlFlood, RateLimited, TooManyContexts
 
+# A held connection is read again once this many bytes are in its budget.
+MIN_PARSE_BYTES = 4096.0
 # Retry after a refusal for concurrency: about one short reply's length.
 CONCURRENCY_RETRY_MS = 1000
 
@@ -123,6 +128,81 @@ class RateLimits:
                               context=context, retry_after_ms=retry_ms(wait))
 
 
+class InputBudget:
+    """One connection's input budget, asked before its bytes are parsed.
+
+    Two buckets refill continuously: bytes (``bytes_per_s``, up to
+    ``byte_burst``) and messages (``messages_per_s``, up to
+    ``message_burst``). ``allowed_bytes(now)`` is how many bytes may be
+    parsed now (0: hold the input); ``spend`` takes what was parsed and may
+    leave the message bucket in debt (messages are counted once framed).
+    ``wait_s(now)`` is how long to hold the input before asking again.
+
+    A connection that has to be held and does not get either bucket back to
+    half full for ``flood_after_s`` is a flood: ``allowed_bytes`` and
+    ``wait_s`` raise ``ControlFlood``. A client that bursts and then slows
+    down refills and starts afresh."""
+
+    __slots__ = ("_burst_b", "_burst_m", "_bytes", "_flood_after_s", "_messages", "_rate_b",
+                 "_rate_m", "_t", "over_since")
+
+    def __init__(self, bytes_per_s: float, byte_burst: float, messages_per_s: float,
+                 message_burst: float, flood_after_s: float, now: float) -> None:
+        if min(bytes_per_s, byte_burst, messages_per_s, message_burst, flood_after_s) <= 0:
+            raise ValueError("input budget rates, bursts and flood_after_s must be > 0")
+        self._rate_b, self._burst_b = float(bytes_per_s), float(byte_burst)
+        self._rate_m, self._burst_m = float(messages_per_s), float(message_burst)
+        self._flood_after_s = flood_after_s
+        self._bytes, self._messages = self._burst_b, self._burst_m
+        self._t = now
+        self.over_since: float | None = None  # when it was first held, this time
+
+    def _refill(self, now: float) -> None:
+        if now > self._t:
+            dt = now - self._t
+            self._bytes = min(self._burst_b, self._bytes + dt * self._rate_b)
+            self._messages = min(self._burst_m, self._messages + dt * self._rate_m)
+            self._t = now
+
+    def _check(self, now: float) -> float:
+        """Refill; the seconds until both buckets are out of debt (0: now).
+        Raises ``ControlFlood`` for a connection held too long."""
+        self._refill(now)
+        low = min(self._burst_b, MIN_PARSE_BYTES)  # not a timer per byte
+        wait = max(0.0, -self._messages / self._rate_m,
+                   (low - self._bytes) / self._rate_b if self._bytes < low else 0.0)
+        if wait > 0:
+            if self.over_since is None:
+                self.over_since = now
+            elif now - self.over_since >= self._flood_after_s:
+                raise ControlFlood(
+                    f"more than {self._rate_m:g} messages or {self._rate_b:g} bytes a second "
+                    f"for {self._flood_after_s:g} s; closing")
+        elif (self.over_since is not None and self._bytes >= self._burst_b / 2
+              and self._messages >= self._burst_m / 2):
+            self.over_since = None
+        return wait
+
+    def allowed_bytes(self, now: float) -> int:
+        """Bytes that may be parsed now (0: hold the input for ``wait_s``)."""
+        if self._check(now) > 0:
+            return 0
+        return int(self._bytes)
+
+    def wait_s(self, now: float) -> float:
+        """How long to hold the input before asking again: until the buckets
+        are out of debt, but no later than the flood verdict is due."""
+        wait = self._check(now)
+        if wait > 0 and self.over_since is not None:
+            wait = min(wait, max(1e-3, self.over_since + self._flood_after_s - now))
+        return wait
+
+    def spend(self, nbytes: int, nmessages: int, now: float) -> None:
+        self._refill(now)
+        self._bytes -= nbytes
+        self._messages -= nmessages
+
+
 class KeyConcurrency:
     """Requests open at once per client key, at most ``limit`` each (0: no
     limit). ``acquire`` counts one or raises ``TooManyContexts``; every
@@ -172,5 +252,5 @@ class LoadAdmission:
                    context=context, retry_after_ms=retry)
 
 
-__all__ = ["CONCURRENCY_RETRY_MS", "KeyConcurrency", "LoadAdmission", "RateLimits",
+__all__ = ["CONCURRENCY_RETRY_MS", "InputBudget", "KeyConcurrency", "LoadAdmission", "RateLimits",
            "TokenBucket", "retry_ms"]

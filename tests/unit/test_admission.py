@@ -16,7 +16,14 @@ from rtserver.errors import (
     RateLimited,
     TooManyContexts,
 )
-from rtserver.server.admission import KeyConcurrency, LoadAdmission, RateLimits, TokenBucket
+from rtserver.server.admission import (
+    MIN_PARSE_BYTES,
+    InputBudget,
+    KeyConcurrency,
+    LoadAdmission,
+    RateLimits,
+    TokenBucket,
+)
 from rtserver.server.gate import Gate, MessagePace, reject_reason
 
 
@@ -173,3 +180,53 @@ def test_message_pace_throttles_then_calls_a_sustained_flood() -> None:
     for _ in range(2000):  # a client at 90 a second is never called a flood
         assert pace.wait_s(now) == 0.0
         now += 1 / 90
+
+
+def budget() -> InputBudget:
+    # 10,000 B/s in bursts of 40,000; 10 messages/s in bursts of 20
+    return InputBudget(bytes_per_s=10_000, byte_burst=40_000, messages_per_s=10,
+                       message_burst=20, flood_after_s=1.0, now=0.0)
+
+
+def test_input_budget_allows_its_burst_then_holds_until_it_refills() -> None:
+    b = budget()
+    assert b.allowed_bytes(0.0) == 40_000  # the whole byte burst may be parsed at once
+    b.spend(40_000, 5, 0.0)
+    assert b.allowed_bytes(0.0) == 0  # nothing more before it refills ...
+    assert b.wait_s(0.0) == pytest.approx(MIN_PARSE_BYTES / 10_000)  # ... a parse's worth
+    assert b.allowed_bytes(0.5) == 5000
+
+
+def test_messages_counted_after_framing_put_the_budget_in_debt() -> None:
+    b = budget()
+    b.spend(100, 50, 0.0)  # 50 frames parsed: 30 over the burst of 20, 3 s of debt
+    assert b.allowed_bytes(0.0) == 0
+    assert b.wait_s(0.0) == pytest.approx(1.0)  # no later than the flood verdict
+    assert b.over_since == 0.0
+
+
+def test_a_connection_held_for_flood_after_s_is_a_flood() -> None:
+    b = budget()
+    b.spend(40_000, 0, 0.0)
+    assert b.allowed_bytes(0.0) == 0  # held from 0 s
+    assert b.allowed_bytes(0.5) == 5000  # what came back is parsed ...
+    b.spend(5000, 0, 0.5)  # ... and spent at once: still over its budget
+    assert b.allowed_bytes(0.9) == 0
+    assert b.allowed_bytes(1.0) == 5000
+    b.spend(5000, 0, 1.0)  # it spends all it gets, 1 s after it was first held
+    with pytest.raises(ControlFlood):
+        b.wait_s(1.0)
+
+
+def test_a_client_that_slows_down_is_not_a_flood() -> None:
+    b = budget()
+    b.spend(40_000, 20, 0.0)
+    assert b.allowed_bytes(0.0) == 0
+    # nothing for 3 s: both buckets back above half, the hold forgotten
+    assert b.allowed_bytes(3.0) == 30_000
+    assert b.over_since is None
+    b.spend(30_000, 20, 3.0)
+    assert b.allowed_bytes(3.0) == 0  # held again from 3 s: a new count
+    assert b.over_since == 3.0
+    b.spend(b.allowed_bytes(3.9), 0, 3.9)
+    assert b.wait_s(3.9) > 0  # held, and not a flood 0.9 s into it
