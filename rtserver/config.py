@@ -142,6 +142,13 @@ class AdmissionConfig:
     # 250 ms on a GPU, 150 ms for Piper on 2 cores, DESIGN.md), and a machine
     # shared with other work measures r that is not this server's own.
     first_heard_target_ms: float = 0.0
+    # Contexts starting at once (from `start` to their first audio), per CPU
+    # core: over it a `start` is refused with `overloaded` + retry_after_ms
+    # (rtserver/server/admission.py, StartAdmission), so that a burst cannot
+    # hold up the contexts already playing. 4 per core: on 2 cores a burst of
+    # 8 and of 12 held with zero underruns, 16 and 24 did not (issue 27;
+    # bench/results/cpu-piper-2026-12-03-bf16-burst). 0 turns it off.
+    starting_per_core: float = 4.0
     # Bounds of the retry_after_ms sent with `overloaded`.
     retry_min_ms: int = 250
     retry_max_ms: int = 10_000
@@ -395,7 +402,7 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     a = config.admission
     for name in ("connections_per_minute", "contexts_per_minute", "chars_per_minute",
-                 "first_heard_target_ms", "http_requests_per_key"):
+                 "first_heard_target_ms", "http_requests_per_key", "starting_per_core"):
         if getattr(a, name) < 0:
             raise ConfigError(f"admission.{name} must be >= 0 (0 turns it off)")
     if a.rate_keys < 1 or a.breaker_failures < 1:

@@ -54,6 +54,7 @@ class SpeechContext:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = False
         shared.load.active += 1
+        shared.load.starting[id(self.ledger)] = shared.clock.now()
 
     @property
     def framer(self) -> Framer:
@@ -126,6 +127,7 @@ class SpeechContext:
         if self.outcome is None:
             self.outcome = "closed"
             self.shared.load.active -= 1
+            self.shared.load.starting.pop(id(self.ledger), None)
 
     async def _speak(self) -> None:
         await self.speaker.run()
@@ -178,6 +180,7 @@ class SpeechContext:
         self.outcome = outcome
         shared = self.shared
         shared.load.active -= 1
+        shared.load.starting.pop(id(self.ledger), None)
         metrics = shared.metrics
         metrics.contexts_total.labels(outcome).inc()
         name = self.voice.info.name

@@ -9,6 +9,9 @@
   one held for ``flood_after_s`` is a flood (``ControlFlood``, 1008).
 - ``KeyConcurrency``: requests open at once per client key (the HTTP
   speech API's ``http_requests_per_key``); over it ``TooManyContexts``.
+- ``StartAdmission``: at most ``max_starting`` contexts starting at once (a
+  burst): the rest are refused with ``overloaded`` and a retry time that
+  spreads them out.
 - ``LoadAdmission``: a new context is refused with ``overloaded`` (``Busy``)
   when its predicted time to first heard audio (``SpeechCore.
   predicted_first_heard_ms``: the core's one first-heard model) would miss
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 
 from rtserver.config import AdmissionConfig
 from rtserver.errors import Busy, ControlFlood, RateLimited, TooManyContexts
@@ -231,6 +235,44 @@ class KeyConcurrency:
             self._open.pop(key, None)
 
 
+class StartAdmission:
+    """A burst of new contexts is let in ``limit`` at a time.
+
+    A context is starting from its ``start`` to its first audio. A CPU voice
+    makes first chunks before anyone's next chunk (its first-chunk lane), so
+    a burst of starts holds up every playing context by their whole work:
+    on 2 cores, 12 starting at once held and 24 made 23 of 24 underrun
+    (issue 27; bench/results/cpu-piper-2026-12-03-bf16-burst: 8 held, 16
+    underran). A start over ``limit`` is refused with ``overloaded``; its
+    ``retry_after_ms`` is the time a start takes now (``start_ms``: the
+    predicted first heard audio) times the number of bursts of ``limit``
+    refused in the last ``REFUSALS_WINDOW_S`` before it, so a burst's
+    refused clients come back spread out instead of all at once."""
+
+    REFUSALS_WINDOW_S = 2.0
+
+    def __init__(self, limit: int, retry_min_ms: int, retry_max_ms: int) -> None:
+        self.limit = limit
+        self._retry = (retry_min_ms, retry_max_ms)
+        self._refused: list[float] = []  # times of recent refusals
+
+    def check(self, starting: int, now: float, start_ms: Callable[[], float],
+              context: str | None = None) -> None:
+        """Admit a start while fewer than ``limit`` are starting, else raise ``Busy``."""
+        if self.limit <= 0 or starting < self.limit:
+            return
+        cut = now - self.REFUSALS_WINDOW_S
+        self._refused = [t for t in self._refused if t > cut]
+        ahead = len(self._refused) // self.limit  # bursts refused before this one
+        self._refused.append(now)
+        lo, hi = self._retry
+        each = start_ms()
+        each = each if math.isfinite(each) and each > 0 else float(lo)
+        retry = int(min(hi, max(lo, each * (1 + ahead))))
+        raise Busy(f"{starting} contexts are starting; at most {self.limit} start at once",
+                   context=context, retry_after_ms=retry)
+
+
 class LoadAdmission:
     """Refuses a new context whose predicted first heard audio misses the target."""
 
@@ -253,4 +295,4 @@ class LoadAdmission:
 
 
 __all__ = ["CONCURRENCY_RETRY_MS", "InputBudget", "KeyConcurrency", "LoadAdmission", "RateLimits",
-           "TokenBucket", "retry_ms"]
+           "StartAdmission", "TokenBucket", "retry_ms"]

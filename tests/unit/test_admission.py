@@ -22,9 +22,10 @@ from rtserver.server.admission import (
     KeyConcurrency,
     LoadAdmission,
     RateLimits,
+    StartAdmission,
     TokenBucket,
 )
-from rtserver.server.gate import Gate, MessagePace, reject_reason
+from rtserver.server.gate import Gate, MessagePace, max_starting, reject_reason
 
 
 def test_bucket_bursts_then_goes_at_its_rate() -> None:
@@ -230,3 +231,54 @@ def test_a_client_that_slows_down_is_not_a_flood() -> None:
     assert b.over_since == 3.0
     b.spend(b.allowed_bytes(3.9), 0, 3.9)
     assert b.wait_s(3.9) > 0  # held, and not a flood 0.9 s into it
+
+
+def test_a_burst_is_let_in_limit_at_a_time_and_the_rest_spread_out() -> None:
+    starts = StartAdmission(limit=8, retry_min_ms=250, retry_max_ms=10_000)
+    starting = 0
+    admitted, retries = 0, []
+    for _ in range(24):  # 24 at once: nobody's first audio is out yet
+        try:
+            starts.check(starting, now=0.0, start_ms=lambda: 300.0)
+        except Busy as err:
+            assert err.code.value == "overloaded" and err.retry_after_ms is not None
+            retries.append(err.retry_after_ms)
+        else:
+            admitted += 1
+            starting += 1
+    assert admitted == 8
+    # the 16 refused come back in two waves of 8, one start's time apart
+    assert retries == [300] * 8 + [600] * 8
+    # once their first audio is out, new starts are admitted again
+    starts.check(starting=7, now=0.5, start_ms=lambda: 300.0)
+
+
+def test_start_retry_is_bounded_and_old_refusals_are_forgotten() -> None:
+    starts = StartAdmission(limit=1, retry_min_ms=250, retry_max_ms=1000)
+    waits = []
+    for _ in range(6):
+        with pytest.raises(Busy) as info:
+            starts.check(1, now=0.0, start_ms=lambda: 0.0)  # nothing measured yet
+        waits.append(info.value.retry_after_ms)
+    assert waits == [250, 500, 750, 1000, 1000, 1000]
+    with pytest.raises(Busy) as info:
+        starts.check(1, now=StartAdmission.REFUSALS_WINDOW_S + 0.1, start_ms=lambda: 400.0)
+    assert info.value.retry_after_ms == 400
+
+
+def test_starting_limit_is_sized_per_core_and_can_be_off() -> None:
+    assert max_starting(4.0, cores=2) == 8
+    assert max_starting(0.0, cores=2) == 0
+    StartAdmission(limit=0, retry_min_ms=1, retry_max_ms=2).check(10_000, 0.0, lambda: 1.0)
+
+
+def test_gate_refuses_a_start_while_too_many_are_starting() -> None:
+    g = Gate(dataclasses.replace(AdmissionConfig(), starting_per_core=1.0), ["v"])
+    g.starts.limit = 2
+    g.starting = lambda now: 2
+    with pytest.raises(Busy) as info:
+        g.start("k", "v", 0.0, "c", lambda: 120.0)
+    assert info.value.retry_after_ms == 250  # at least retry_min_ms
+    assert reject_reason(info.value) == "overloaded"
+    g.starting = lambda now: 1
+    g.start("k", "v", 0.0, "d", lambda: 120.0)
