@@ -145,10 +145,13 @@ class AdmissionConfig:
     # Contexts starting at once (from `start` to their first audio), per CPU
     # core: over it a `start` is refused with `overloaded` + retry_after_ms
     # (rtserver/server/admission.py, StartAdmission), so that a burst cannot
-    # hold up the contexts already playing. 4 per core: on 2 cores a burst of
-    # 8 and of 12 held with zero underruns, 16 and 24 did not (issue 27;
-    # bench/results/cpu-piper-2026-12-03-bf16-burst). 0 turns it off.
-    starting_per_core: float = 4.0
+    # hold up the contexts already playing. 2 per core: on 2 cores a burst of
+    # 8 and of 12 held with zero underruns on a quiet machine, 16 and 24 did
+    # not (issue 27; bench/results/cpu-piper-2026-12-03-bf16-burst); with the
+    # machine's load average at 5 (other work), 8 admitted at once had 2
+    # underrun and 4 had none (bench/results/cpu-piper-burst-2026-12-04).
+    # 0 turns it off.
+    starting_per_core: float = 2.0
     # Bounds of the retry_after_ms sent with `overloaded`.
     retry_min_ms: int = 250
     retry_max_ms: int = 10_000

@@ -267,7 +267,7 @@ def test_start_retry_is_bounded_and_old_refusals_are_forgotten() -> None:
 
 
 def test_starting_limit_is_sized_per_core_and_can_be_off() -> None:
-    assert max_starting(4.0, cores=2) == 8
+    assert max_starting(2.0, cores=2) == 4
     assert max_starting(0.0, cores=2) == 0
     StartAdmission(limit=0, retry_min_ms=1, retry_max_ms=2).check(10_000, 0.0, lambda: 1.0)
 
