@@ -177,7 +177,7 @@ async def _ttfa_and_health(server: SpawnedServer, n: int, min_s: float = 0.0
 # would be). It reads nothing; while flooding it connects, floods until cut
 # off, and connects again. Its stdin says when: a line "flood" or "quiet";
 # end of input ends it. argv[2] "raw": pre-framed invalid messages written as
-# fast as the socket takes them (hundreds of thousands a second); "ws": the
+# fast as the socket takes them (the server's reading sets the pace); "ws": the
 # websockets client's own send. Prints "ready" once it can flood, then at the
 # end one JSON line: each connection's close code.
 FLOOD = """
