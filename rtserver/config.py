@@ -78,6 +78,17 @@ class ServerConfig:
     # LLM tokens at ~100 tokens/s each, with room to spare.
     messages_per_s: float = 1000.0
     message_burst: int = 2000
+    # Bytes a WebSocket may send per second, with bursts of input_byte_burst,
+    # counted before they are parsed (rtserver/server/ws_protocol.py); messages
+    # are counted there too, against messages_per_s and message_burst. Over
+    # either its reading pauses (TCP pushes back), and one held over its budget
+    # for flood_after_s is cut off (1008), so a client that floods without
+    # reading costs the event loop at most that much parsing. 256 KiB/s is
+    # five times 8 contexts of LLM tokens (~100 a second of ~60 bytes each)
+    # and four max_message_bytes messages in a burst.
+    input_bytes_per_s: int = 262_144
+    input_byte_burst: int = 262_144
+    flood_after_s: float = 1.0
     # File descriptors beyond max_connections (voices, engine, logs, pools);
     # the process raises its soft limit to max_connections + this at start.
     fd_margin: int = 256
@@ -95,6 +106,14 @@ class ServerConfig:
     # > 0: /metrics also on this port (worker i: metrics_port + i), for scraping
     # each process of a multi-process server.
     metrics_port: int = 0
+    # Peers whose X-Forwarded-For / X-Forwarded-Proto are believed (uvicorn's
+    # ``forwarded_allow_ips``): comma-separated addresses or networks (CIDR), or
+    # "*" for any (only when nothing but the proxy can reach the port). Behind
+    # an ingress, per-address limits (connections_per_minute, http_requests_per_key
+    # without API keys) then count each forwarded client, not the ingress.
+    # The default is uvicorn's (the loopback addresses); empty believes no
+    # peer. docs/DEPLOY.md, section 5.
+    forwarded_allow_ips: str = "127.0.0.1,::1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +131,16 @@ class AdmissionConfig:
     connections_per_minute: float = 600.0
     contexts_per_minute: float = 3000.0
     chars_per_minute: float = 200_000.0
+    # POST /v1/audio/speech requests one API key (one address without keys)
+    # may have open at once; past it HTTP 429 `too_many_contexts`. A backend
+    # usually holds one key for all its users, so this is sized from what one
+    # process can hold, not from one WebSocket's max_contexts: 128 is the most
+    # real-time streams measured on one server (docs/DESIGN.md, "Performance
+    # goals": Orpheus-3B and ChatTTS shapes on one H200, zero underruns to
+    # 128; Piper on 2 cores holds 24-28). Past capacity the load admission
+    # (first_heard_target_ms) and the breakers refuse, whoever asks; this cap
+    # only keeps one key from taking more than a whole server. 0 turns it off.
+    http_requests_per_key: int = 128
     # Buckets kept (least recently used go first), which bounds their memory.
     rate_keys: int = 10_000
     # A new context is refused with `overloaded` when its predicted time to
@@ -121,6 +150,16 @@ class AdmissionConfig:
     # 250 ms on a GPU, 150 ms for Piper on 2 cores, DESIGN.md), and a machine
     # shared with other work measures r that is not this server's own.
     first_heard_target_ms: float = 0.0
+    # Contexts starting at once (from `start` to their first audio), per CPU
+    # core: over it a `start` is refused with `overloaded` + retry_after_ms
+    # (rtserver/server/admission.py, StartAdmission), so that a burst cannot
+    # hold up the contexts already playing. 2 per core: on 2 cores a burst of
+    # 8 and of 12 held with zero underruns on a quiet machine, 16 and 24 did
+    # not (issue 27; bench/results/cpu-piper-2026-12-03-bf16-burst); with the
+    # machine's load average at 5 (other work), 8 admitted at once had 2
+    # underrun and 4 had none (bench/results/cpu-piper-burst-2026-12-04).
+    # 0 turns it off.
+    starting_per_core: float = 2.0
     # Bounds of the retry_after_ms sent with `overloaded`.
     retry_min_ms: int = 250
     retry_max_ms: int = 10_000
@@ -416,12 +455,13 @@ def _validate(config: Config) -> None:
         raise ConfigError("server.overload_after_s must be > 0")
     if s.log_format not in ("text", "json"):
         raise ConfigError(f"server.log_format {s.log_format!r}: 'text' or 'json'")
-    for name in ("max_queued_messages", "messages_per_s", "message_burst"):
+    for name in ("max_queued_messages", "messages_per_s", "message_burst", "input_bytes_per_s",
+                 "input_byte_burst", "flood_after_s"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"server.{name} must be > 0")
     a = config.admission
     for name in ("connections_per_minute", "contexts_per_minute", "chars_per_minute",
-                 "first_heard_target_ms"):
+                 "first_heard_target_ms", "http_requests_per_key", "starting_per_core"):
         if getattr(a, name) < 0:
             raise ConfigError(f"admission.{name} must be >= 0 (0 turns it off)")
     if a.rate_keys < 1 or a.breaker_failures < 1:

@@ -59,6 +59,7 @@ class SpeechContext:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = False
         shared.load.active += 1
+        shared.load.starting[id(self.ledger)] = shared.clock.now()
 
     @property
     def framer(self) -> Framer:
@@ -145,6 +146,7 @@ class SpeechContext:
         if self.outcome is None:
             self.outcome = "closed"
             self.shared.load.active -= 1
+            self.shared.load.starting.pop(id(self.ledger), None)
 
     async def _speak(self) -> None:
         await self.speaker.run()
@@ -198,6 +200,7 @@ class SpeechContext:
         self._heard_facts()  # a ``played`` may come after the end
         shared = self.shared
         shared.load.active -= 1
+        shared.load.starting.pop(id(self.ledger), None)
         metrics = shared.metrics
         metrics.contexts_total.labels(outcome).inc()
         name = self.voice.info.name

@@ -46,6 +46,19 @@ def hint_chunks(info: VoiceInfo, heard: HeardFormat, *, at_start: bool, segment_
                      for k in range(1, LATER_SEGMENTS + 1))], None
 
 
+def queued_ahead_ms(starting_ahead: int, rtf: float, chunk_ms: Sequence[float],
+                    parallel: int) -> float:
+    """Work queued ahead of a context's later chunks, in ms: the first chunks
+    of the ``starting_ahead`` other contexts starting now, which a voice serves
+    first (a CPU voice's first-chunk lane), each about this context's own
+    first chunk at ``rtf``, shared by ``parallel`` workers (0: one). A hint
+    that adds it to its prebuffer keeps the listener playing while they are
+    made; admission adds it to the first heard audio it predicts."""
+    if starting_ahead <= 0 or not chunk_ms:
+        return 0.0
+    return starting_ahead * rtf * chunk_ms[0] / max(1, parallel)
+
+
 def first_heard_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
                    cost_ms: Sequence[float] | None = None) -> float:
     """Time from the text that completes the first segment to the moment a
@@ -72,7 +85,8 @@ def predicted_first_heard_ms(stats: VoiceStats, info: VoiceInfo, heard: HeardFor
     """First heard audio of a context opened now: its first hint's chunks
     (a first segment of ``FIRST_SEGMENT_CHARS``, at most the segmenter's
     first limit) at the r that hint will plan with: ``rtf_estimate`` with
-    the new context counted in the load. 0.0 before the voice is measured
+    the new context counted in the load, and the work of the contexts
+    starting now queued ahead of it (``queued_ahead_ms``). 0.0 before the voice is measured
     (no warm-up yet): ``default_rtf`` errs long for hints, and is no ground
     to refuse a context on."""
     if not stats.measured:
@@ -81,8 +95,10 @@ def predicted_first_heard_ms(stats: VoiceStats, info: VoiceInfo, heard: HeardFor
     chunks, cost = hint_chunks(info, heard, at_start=True,
                                segment_chars=min(limit(0), FIRST_SEGMENT_CHARS), index=0,
                                audio_ms_per_char=stats.audio_ms_per_char, limit=limit)
-    return first_heard_ms(rtf, chunks, hints.jitter_ms, cost_ms=cost)
+    ahead = queued_ahead_ms(stats.load.starting_now(now), rtf, chunks, info.parallel_segments)
+    # its hint asks for that much more audio, and its own chunks wait for them
+    return ahead + first_heard_ms(rtf, chunks, hints.jitter_ms + ahead, cost_ms=cost)
 
 
 __all__ = ["FIRST_SEGMENT_CHARS", "LATER_SEGMENTS", "first_heard_ms", "hint_chunks",
-           "predicted_first_heard_ms"]
+           "predicted_first_heard_ms", "queued_ahead_ms"]

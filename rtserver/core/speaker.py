@@ -17,7 +17,7 @@ from rtserver.audio.framer import Framer
 from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
 from rtserver.core.events import AudioFrames, Ledger, Sink, SinkClosed
-from rtserver.core.first_heard import hint_chunks
+from rtserver.core.first_heard import hint_chunks, queued_ahead_ms
 from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.segments import SegmentQueue
 from rtserver.core.shared import Shared
@@ -171,6 +171,8 @@ class Speaker:
         clock = self.shared.clock
         t = clock.now()
         await self.sink.audio(AudioFrames(ledger, seq, tuple(frames), segment_start, last))
+        if seq == 0:  # its first audio is out: no longer starting
+            self.shared.load.starting.pop(id(ledger), None)
         self._blocked_s += clock.now() - t
 
     # --- words -----------------------------------------------------------------
@@ -204,7 +206,12 @@ class Speaker:
                                    segment_chars=len(seg.text), index=seg.index,
                                    audio_ms_per_char=stats.audio_ms_per_char,
                                    limit=self.shared.segmenter_config.limit)
-        hint = prebuffer_ms(rtf, chunks, hints.jitter_ms, cost_ms=cost)
+        jitter = hints.jitter_ms
+        if self.ledger.next_seq == 0:  # the first audio: others' first chunks come first
+            others = self.shared.load.starting_now(now) - (id(self.ledger) in
+                                                           self.shared.load.starting)
+            jitter += queued_ahead_ms(others, rtf, chunks, self.voice.info.parallel_segments)
+        hint = prebuffer_ms(rtf, chunks, jitter, cost_ms=cost)
         if self.first_hint_ms is None:
             self.first_hint_ms = hint
         elapsed = 0.0

@@ -13,6 +13,13 @@ from rtserver.pacing.rates import LiveRates, RtfTracker
 DEFAULT_AUDIO_MS_PER_CHAR = 65.0
 
 
+# A context counts as starting for at most this long after it opened: a
+# burst's first audio comes within ~0.5 s on 2 cores (bench/results/
+# cpu-piper-2026-12-03-bf16-burst: TTFA p99 355 ms at 16 at once), and a
+# context opened long before its text must not hold back other starts.
+STARTING_WINDOW_S = 2.0
+
+
 @dataclass(slots=True)
 class ServerLoad:
     """Contexts open in the server now (started, not yet done, cancelled or
@@ -21,6 +28,15 @@ class ServerLoad:
     ``rtserver_active_contexts`` gauge reads it."""
 
     active: int = 0
+    # Contexts opened whose first audio is not out yet, by id, with when they
+    # opened: a burst's first segments, queued ahead of everyone's next chunk
+    # (a CPU voice serves first chunks first). One opened this long ago
+    # without audio (its text has not come) stops counting.
+    starting: dict[int, float] = field(default_factory=dict)
+
+    def starting_now(self, now: float) -> int:
+        """Contexts starting now (opened within ``STARTING_WINDOW_S``, no audio yet)."""
+        return sum(1 for t in self.starting.values() if now - t < STARTING_WINDOW_S)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ import uvicorn
 
 from rtserver.cache import PhraseCache
 from rtserver.config import Config, ServerConfig
-from rtserver.errors import CloseCode
+from rtserver.errors import CloseCode, ErrorCode
 from rtserver.server.admin_api import AdminApi
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
@@ -29,6 +29,7 @@ from rtserver.server.state import AppState
 from rtserver.server.token_api import TokenApi
 from rtserver.server.workers import current as current_worker
 from rtserver.server.workers import notify_ready
+from rtserver.server.ws_protocol import budgeted_protocol
 from rtserver.voices.registry import VoiceSet
 from rtserver.worker.remote import load_server_voices
 
@@ -105,11 +106,17 @@ class RtServer:
                                   AdminApi(self.app, cache))
         asgi = RequestIdMiddleware(RtAsgi(self.app, self._handle, http_app))
         config = uvicorn.Config(
-            asgi, ws="websockets-sansio", http="httptools", lifespan="off",
+            # websockets' sans-I/O protocol with an input budget per connection
+            asgi, ws=budgeted_protocol(s, self.app.clock, self._flood_cut_off), http="httptools",
+            lifespan="off",
             ws_max_size=s.max_message_bytes, ws_per_message_deflate=False,
             ws_ping_interval=s.ping_interval_s or None, ws_ping_timeout=s.ping_interval_s or None,
             server_header=False, date_header=False, access_log=False, log_config=None,
-            timeout_graceful_shutdown=5)
+            timeout_graceful_shutdown=5,
+            # the client address that per-address limits count (X-Forwarded-For
+            # from these peers only; config.py, ServerConfig.forwarded_allow_ips)
+            proxy_headers=bool(s.forwarded_allow_ips.strip()),
+            forwarded_allow_ips=s.forwarded_allow_ips.strip() or None)
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
@@ -130,6 +137,12 @@ class RtServer:
             for voice, why in dead.items():
                 self.app.engine_gone(voice, why)
             await asyncio.sleep(ENGINE_WATCH_S)
+
+    def _flood_cut_off(self) -> None:
+        """The WebSocket protocol cut off a connection over its input budget."""
+        assert self.app is not None
+        self.app.metrics.errors.labels(ErrorCode.RATE_LIMITED.value).inc()
+        self.app.metrics.rejected.labels("control_flood").inc()
 
     async def _handle(self, ws: AsgiWebSocket) -> None:
         assert self.app is not None

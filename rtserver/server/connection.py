@@ -4,8 +4,10 @@ speech is the core's (``rtserver.core``: each context writes into this
 connection's ``Outbox``, its sink); this shell carries out the session's
 actions and moves bytes through a ``WsTransport``.
 
-Limits (docs/DESIGN.md, "Limits and failure modes"): the reader takes at
-most ``messages_per_s`` messages a second (a sustained flood closes 1008) and
+Limits (docs/DESIGN.md, "Limits and failure modes"): the input was budgeted
+before it was parsed (``ws_protocol``: a flood is cut off there); the reader
+takes at most ``messages_per_s`` messages a second (a sustained flood closes
+1008) and
 yields to the loop after each one, so one connection's input cannot starve the
 others; replies waiting to be sent are capped (``max_queued_messages``, 1008);
 an idle connection closes after ``idle_timeout_s``; each ``start`` and

@@ -4,9 +4,12 @@ transport and the connections ask before they take on work.
 - ``Gate.connection``: rate limit of new connections per client key.
 - ``Gate.start``: a new context: refused while draining (``overloaded``), by
   the voice's circuit breaker (``engine_failed``), by the per-key context
-  rate (``rate_limited``) or when its predicted time to first heard audio
+  rate (``rate_limited``), when too many contexts are starting at once (a
+  burst: ``overloaded``, ``StartAdmission``) or when its predicted time to first heard audio
   misses the target (``overloaded``); each refusal carries ``retry_after_ms``.
 - ``Gate.text``: the per-key character rate.
+- ``Gate.http``: requests of the HTTP speech API open per key
+  (``admission.http_requests_per_key``; ``acquire``/``release``).
 - ``Gate.ready``: what ``/ready`` answers (every voice up, not draining).
 - ``MessagePace``: one connection's message rate: the reader waits when the
   client sends faster than ``messages_per_s`` (after a burst), and a client
@@ -18,6 +21,8 @@ through ``reject_reason``.
 
 from __future__ import annotations
 
+import math
+import os
 import secrets
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
@@ -30,7 +35,13 @@ from rtserver.errors import (
     RateLimited,
     RtError,
 )
-from rtserver.server.admission import LoadAdmission, RateLimits, TokenBucket
+from rtserver.server.admission import (
+    KeyConcurrency,
+    LoadAdmission,
+    RateLimits,
+    StartAdmission,
+    TokenBucket,
+)
 from rtserver.server.breaker import BreakerState, CircuitBreaker
 
 # A client that keeps its connection's reader waiting this long is flooding.
@@ -51,6 +62,13 @@ def reject_reason(err: RtError) -> str:
     if isinstance(err, Busy):
         return "draining" if getattr(err, "draining", False) else "overloaded"
     return err.code.value
+
+
+def max_starting(per_core: float, cores: int | None = None) -> int:
+    """Contexts that may be starting at once on this machine (0: no limit)."""
+    if per_core <= 0:
+        return 0
+    return max(1, math.ceil(per_core * (cores or os.cpu_count() or 1)))
 
 
 class Draining(Busy):
@@ -78,6 +96,11 @@ class Gate:
         self.config = config
         self.rates = RateLimits(config)
         self.load = LoadAdmission(config)
+        self.http = KeyConcurrency(config.http_requests_per_key)
+        self.starts = StartAdmission(max_starting(config.starting_per_core),
+                                     config.retry_min_ms, config.retry_max_ms)
+        # contexts starting now (the core's count; set by the app)
+        self.starting: Callable[[float], int] = lambda now: 0
         self.breakers = {v: CircuitBreaker(v, config.breaker_failures,
                                            config.breaker_cooldown_s,
                                            config.breaker_max_cooldown_s) for v in voices}
@@ -113,6 +136,7 @@ class Gate:
         if health is not None:
             health.admit(context)
         self.rates.context(key, now, context)
+        self.starts.check(self.starting(now), now, predicted_ms, context)
         if self.config.first_heard_target_ms > 0:
             self.load.check(predicted_ms(), context)
 
@@ -183,4 +207,4 @@ class MessagePace:
 
 
 __all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "VoiceHealth",
-           "reject_reason"]
+           "max_starting", "reject_reason"]

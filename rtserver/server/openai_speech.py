@@ -35,11 +35,12 @@ Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API
 keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text`` per
 request as for a context (draining, the voice's breaker, the per-key context
 and character rates, the predicted first heard audio), and at most
-``max_contexts`` requests of one client at once (the WebSocket's limit per
-connection). Errors are OpenAI's error JSON (``{"error": {"message", "type",
-"param", "code"}}``) with the status of ``HTTP_STATUS`` (the one map from
-rtserver's error codes); 429 and 503 carry ``Retry-After`` (seconds) and
-``retry-after-ms``, the headers OpenAI's clients read.
+``admission.http_requests_per_key`` requests of one client at once
+(``Gate.http``; a backend's one key may use a whole server). Errors are
+OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``) with
+the status of ``HTTP_STATUS`` (the one map from rtserver's error codes); 429
+and 503 carry ``Retry-After`` (seconds) and ``retry-after-ms``, the headers
+OpenAI's clients read.
 
 A finished phrase goes to the phrase cache (``rtserver.cache``); a repeat of
 the same voice, text, format and speed answers from memory at once.
@@ -74,7 +75,6 @@ from rtserver.errors import (
     ErrorCode,
     RtError,
     TextTooLong,
-    TooManyContexts,
     UnknownVoice,
 )
 from rtserver.protocol.messages import Done, ErrorMessage, Start
@@ -268,9 +268,6 @@ class SpeechApi:
             if resolve_voice(voice, app, {}) is None:
                 raise ConfigError(f"openai.voices: '{name}={voice}' names a voice this "
                                   f"server does not load ({', '.join(app.voices)})")
-        # requests being spoken per client (API key, else address): at most
-        # ``max_contexts``, the WebSocket's limit per connection
-        self._open: dict[str, int] = {}
         self._responses = 0  # responses not yet ended (a drain waits for them)
 
     @property
@@ -282,11 +279,6 @@ class SpeechApi:
     def body_limit(self) -> int:
         """Bytes a speech request's body may have (UTF-8: <= 4 B a character)."""
         return self.app.config.server.max_text_chars * 4 + BODY_SLACK_BYTES
-
-    def _release(self, who: str) -> None:
-        self._open[who] -= 1
-        if not self._open[who]:
-            del self._open[who]
 
     def router(self) -> APIRouter:
         router = APIRouter(tags=["OpenAI speech"], dependencies=[Depends(self._authorize)],
@@ -347,11 +339,12 @@ class SpeechApi:
                        send: Send) -> None:
         try:
             who = identify(self.app, request).key
-            if self._open.get(who, 0) >= self.app.config.server.max_contexts:
-                raise TooManyContexts(
-                    f"{self.app.config.server.max_contexts} requests of this client are being "
-                    "spoken; wait for one to finish", retry_after_ms=1000)
-            self._admit(who, speech)
+            self.app.gate.http.acquire(who, "speech requests")
+            try:
+                self._admit(who, speech)
+            except BaseException:
+                self.app.gate.http.release(who)
+                raise
         except RtError as exc:
             self.app.metrics.errors.labels(exc.code.value).inc()
             if exc.code in (ErrorCode.RATE_LIMITED, ErrorCode.OVERLOADED,
@@ -359,7 +352,6 @@ class SpeechApi:
                 self.app.metrics.rejected.labels(reject_reason(exc)).inc()
             await send_response(send, error_response(exc))
             return
-        self._open[who] = self._open.get(who, 0) + 1
         self._responses += 1
         held = True
 
@@ -369,7 +361,7 @@ class SpeechApi:
             nonlocal held
             if held:
                 held = False
-                self._release(who)
+                self.app.gate.http.release(who)
 
         try:
             await self._stream(speech, receive, send, release)

@@ -66,6 +66,7 @@ class AppState:
                                opus_config=cfg.opus, metrics=self.metrics, clock=self.clock,
                                encode_pool=self.encode_pool,
                                max_text_chars=cfg.server.max_text_chars)
+        self.gate.starting = self.core.load.starting_now  # a burst's starts, for admission
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.core.load.active)
         # short names: "<name>" for "<family>:<name>", and "default"

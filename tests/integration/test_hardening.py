@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import pytest
@@ -34,7 +35,8 @@ def faulty_server() -> ServerThread:
         voice={"extra": FAULTY},
         admission={"breaker_failures": 2, "breaker_cooldown_s": 30.0,
                    "breaker_max_cooldown_s": 60.0,
-                   "first_heard_target_ms": 0}).start()  # the test voices' rates are odd
+                   # the test voices' rates are odd, and a hanging one never starts
+                   "first_heard_target_ms": 0, "starting_per_core": 0}).start()
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +188,30 @@ async def test_abrupt_disconnects_leave_nothing_behind(faulty: ServerThread) -> 
                            and metric(faulty, "rtserver_active_contexts") == 0
                            and metric(faulty, "rtserver_active_connections") == 0,
                            "the 20 dropped connections are gone from the server")
+
+
+async def test_a_burst_of_starts_is_let_in_a_few_at_a_time_the_rest_told_when() -> None:
+    # one context may be starting at a time (0.9 per core rounds up to 1 on any machine)
+    srv = ServerThread.with_settings(
+        admission={"starting_per_core": 0.9 / (os.cpu_count() or 1)}).start()
+    try:
+        async with connect(srv.url, compression=None) as ws:
+            await recv_message(ws)
+            for name in ("a", "b", "c"):  # a burst: three starts at once
+                await send(ws, type="start", context=name)
+            assert (await until(ws, Started)).context == "a"
+            refused = [await until(ws, ErrorMessage, context=name) for name in ("b", "c")]
+            assert all(e.code == "overloaded" and e.retry_after_ms and e.retry_after_ms > 0
+                       for e in refused), refused
+            await send(ws, type="text", context="a", text="First in.")
+            await send(ws, type="end", context="a")
+            assert isinstance(await until(ws, Done, context="a"), Done)
+            # its first audio is out: the next start is let in
+            await send(ws, type="start", context="b")
+            assert (await until(ws, (Started, ErrorMessage), context="b")).type == "started"
+        assert metric(srv, "rtserver_rejected_total", reason="overloaded") == 2
+    finally:
+        srv.stop()
 
 
 # --- connection limits ----------------------------------------------------------------

@@ -176,9 +176,10 @@ def test_a_client_that_leaves_stops_the_speech(server: ServerThread) -> None:
 def keyed() -> Iterator[ServerThread]:
     # small send buffers, so a client that does not read holds its request open; a
     # server per test: the test spends its per-minute budget (a repeat would find none)
-    srv = ServerThread.with_settings(server={"api_keys": "k1", "max_contexts": 1,
+    srv = ServerThread.with_settings(server={"api_keys": "k1",
                                              "socket_send_buffer": 16384},
-                                     admission={"contexts_per_minute": 2}).start()
+                                     admission={"contexts_per_minute": 2,
+                                                "http_requests_per_key": 1}).start()
     yield srv
     srv.stop()
 

@@ -90,3 +90,31 @@ async def test_connections_are_rate_limited_at_the_handshake() -> None:
         assert int(response.headers["retry-after-ms"]) == body["retry_after_ms"]
     finally:
         srv.stop()
+
+
+async def _handshake(srv: ServerThread, forwarded_for: str) -> int:
+    """The handshake's HTTP status for a client the proxy names ``forwarded_for``."""
+    try:
+        async with connect(srv.url, compression=None,
+                           additional_headers={"X-Forwarded-For": forwarded_for}) as ws:
+            assert isinstance(await recv_message(ws), Ready)
+    except InvalidStatus as exc:
+        return exc.response.status_code
+    return 101
+
+
+@pytest.mark.parametrize("trusted", [True, False], ids=["trusted-proxy", "untrusted-peer"])
+async def test_per_client_limits_behind_a_proxy(trusted: bool) -> None:
+    # the test's connections come from 127.0.0.1: the proxy, or a peer nobody trusts
+    proxy = "127.0.0.1" if trusted else "192.0.2.1"
+    srv = ServerThread.with_settings(server={"forwarded_allow_ips": proxy},
+                                     admission={"connections_per_minute": 2}).start()
+    try:
+        assert [await _handshake(srv, "198.51.100.7") for _ in range(2)] == [101, 101]
+        if trusted:  # each forwarded client has its own budget
+            assert await _handshake(srv, "198.51.100.7") == 429
+            assert await _handshake(srv, "198.51.100.8, 127.0.0.1") == 101
+        else:  # the header is ignored: every client is the peer's address
+            assert await _handshake(srv, "198.51.100.8") == 429
+    finally:
+        srv.stop()

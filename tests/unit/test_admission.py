@@ -9,9 +9,23 @@ import dataclasses
 import pytest
 
 from rtserver.config import AdmissionConfig, ServerConfig
-from rtserver.errors import Busy, ControlFlood, EngineUnavailable, RateLimited
-from rtserver.server.admission import LoadAdmission, RateLimits, TokenBucket
-from rtserver.server.gate import Gate, MessagePace, reject_reason
+from rtserver.errors import (
+    Busy,
+    ControlFlood,
+    EngineUnavailable,
+    RateLimited,
+    TooManyContexts,
+)
+from rtserver.server.admission import (
+    MIN_PARSE_BYTES,
+    InputBudget,
+    KeyConcurrency,
+    LoadAdmission,
+    RateLimits,
+    StartAdmission,
+    TokenBucket,
+)
+from rtserver.server.gate import Gate, MessagePace, max_starting, reject_reason
 
 
 def test_bucket_bursts_then_goes_at_its_rate() -> None:
@@ -72,6 +86,30 @@ def test_keys_are_bounded() -> None:
     for i in range(1000):
         rl.context(f"addr:{i}", 0.0)
     assert len(rl) == 100
+
+
+def test_key_concurrency_is_per_key_and_frees_on_release() -> None:
+    c = KeyConcurrency(limit=2)
+    c.acquire("backend")
+    c.acquire("backend")
+    with pytest.raises(TooManyContexts) as info:
+        c.acquire("backend")
+    assert info.value.retry_after_ms and info.value.retry_after_ms > 0
+    c.acquire("other")  # another key has its own count
+    c.release("backend")
+    c.acquire("backend")
+    assert (c.open("backend"), c.open("other")) == (2, 1)
+    for _ in range(2):
+        c.release("backend")
+    assert c.open("backend") == 0
+
+
+def test_http_concurrency_is_its_own_limit_not_max_contexts() -> None:
+    default = AdmissionConfig().http_requests_per_key
+    assert default > ServerConfig().max_contexts  # a backend's one key is not one connection
+    c = KeyConcurrency(limit=0)  # off
+    for _ in range(1000):
+        c.acquire("backend")
 
 
 def test_load_admission_refuses_over_the_target_with_retry_after() -> None:
@@ -143,3 +181,104 @@ def test_message_pace_throttles_then_calls_a_sustained_flood() -> None:
     for _ in range(2000):  # a client at 90 a second is never called a flood
         assert pace.wait_s(now) == 0.0
         now += 1 / 90
+
+
+def budget() -> InputBudget:
+    # 10,000 B/s in bursts of 40,000; 10 messages/s in bursts of 20
+    return InputBudget(bytes_per_s=10_000, byte_burst=40_000, messages_per_s=10,
+                       message_burst=20, flood_after_s=1.0, now=0.0)
+
+
+def test_input_budget_allows_its_burst_then_holds_until_it_refills() -> None:
+    b = budget()
+    assert b.allowed_bytes(0.0) == 40_000  # the whole byte burst may be parsed at once
+    b.spend(40_000, 5, 0.0)
+    assert b.allowed_bytes(0.0) == 0  # nothing more before it refills ...
+    assert b.wait_s(0.0) == pytest.approx(MIN_PARSE_BYTES / 10_000)  # ... a parse's worth
+    assert b.allowed_bytes(0.5) == 5000
+
+
+def test_messages_counted_after_framing_put_the_budget_in_debt() -> None:
+    b = budget()
+    b.spend(100, 50, 0.0)  # 50 frames parsed: 30 over the burst of 20, 3 s of debt
+    assert b.allowed_bytes(0.0) == 0
+    assert b.wait_s(0.0) == pytest.approx(1.0)  # no later than the flood verdict
+    assert b.over_since == 0.0
+
+
+def test_a_connection_held_for_flood_after_s_is_a_flood() -> None:
+    b = budget()
+    b.spend(40_000, 0, 0.0)
+    assert b.allowed_bytes(0.0) == 0  # held from 0 s
+    assert b.allowed_bytes(0.5) == 5000  # what came back is parsed ...
+    b.spend(5000, 0, 0.5)  # ... and spent at once: still over its budget
+    assert b.allowed_bytes(0.9) == 0
+    assert b.allowed_bytes(1.0) == 5000
+    b.spend(5000, 0, 1.0)  # it spends all it gets, 1 s after it was first held
+    with pytest.raises(ControlFlood):
+        b.wait_s(1.0)
+
+
+def test_a_client_that_slows_down_is_not_a_flood() -> None:
+    b = budget()
+    b.spend(40_000, 20, 0.0)
+    assert b.allowed_bytes(0.0) == 0
+    # nothing for 3 s: both buckets back above half, the hold forgotten
+    assert b.allowed_bytes(3.0) == 30_000
+    assert b.over_since is None
+    b.spend(30_000, 20, 3.0)
+    assert b.allowed_bytes(3.0) == 0  # held again from 3 s: a new count
+    assert b.over_since == 3.0
+    b.spend(b.allowed_bytes(3.9), 0, 3.9)
+    assert b.wait_s(3.9) > 0  # held, and not a flood 0.9 s into it
+
+
+def test_a_burst_is_let_in_limit_at_a_time_and_the_rest_spread_out() -> None:
+    starts = StartAdmission(limit=8, retry_min_ms=250, retry_max_ms=10_000)
+    starting = 0
+    admitted, retries = 0, []
+    for _ in range(24):  # 24 at once: nobody's first audio is out yet
+        try:
+            starts.check(starting, now=0.0, start_ms=lambda: 300.0)
+        except Busy as err:
+            assert err.code.value == "overloaded" and err.retry_after_ms is not None
+            retries.append(err.retry_after_ms)
+        else:
+            admitted += 1
+            starting += 1
+    assert admitted == 8
+    # the 16 refused come back in two waves of 8, one start's time apart
+    assert retries == [300] * 8 + [600] * 8
+    # once their first audio is out, new starts are admitted again
+    starts.check(starting=7, now=0.5, start_ms=lambda: 300.0)
+
+
+def test_start_retry_is_bounded_and_old_refusals_are_forgotten() -> None:
+    starts = StartAdmission(limit=1, retry_min_ms=250, retry_max_ms=1000)
+    waits = []
+    for _ in range(6):
+        with pytest.raises(Busy) as info:
+            starts.check(1, now=0.0, start_ms=lambda: 0.0)  # nothing measured yet
+        waits.append(info.value.retry_after_ms)
+    assert waits == [250, 500, 750, 1000, 1000, 1000]
+    with pytest.raises(Busy) as info:
+        starts.check(1, now=StartAdmission.REFUSALS_WINDOW_S + 0.1, start_ms=lambda: 400.0)
+    assert info.value.retry_after_ms == 400
+
+
+def test_starting_limit_is_sized_per_core_and_can_be_off() -> None:
+    assert max_starting(2.0, cores=2) == 4
+    assert max_starting(0.0, cores=2) == 0
+    StartAdmission(limit=0, retry_min_ms=1, retry_max_ms=2).check(10_000, 0.0, lambda: 1.0)
+
+
+def test_gate_refuses_a_start_while_too_many_are_starting() -> None:
+    g = Gate(dataclasses.replace(AdmissionConfig(), starting_per_core=1.0), ["v"])
+    g.starts.limit = 2
+    g.starting = lambda now: 2
+    with pytest.raises(Busy) as info:
+        g.start("k", "v", 0.0, "c", lambda: 120.0)
+    assert info.value.retry_after_ms == 250  # at least retry_min_ms
+    assert reject_reason(info.value) == "overloaded"
+    g.starting = lambda now: 1
+    g.start("k", "v", 0.0, "d", lambda: 120.0)

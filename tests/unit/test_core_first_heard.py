@@ -18,7 +18,15 @@ from rtserver.pacing.hints import prebuffer_ms, simulate_playback
 from rtserver.protocol.messages import BufferHint, Start
 from rtserver.text.segmenter import SegmenterConfig
 from rtserver.voices.base import VoiceInfo
-from tests.unit.test_core_heard_hint import COST_MS, OPUS, PLAN_MS, PlannedVoice, R, _speak
+from tests.unit.test_core_heard_hint import (
+    COST_MS,
+    OPUS,
+    PLAN_MS,
+    PlannedVoice,
+    R,
+    TimedSink,
+    _speak,
+)
 
 
 def test_first_heard_one_chunk_is_its_synthesis() -> None:
@@ -106,3 +114,36 @@ def test_the_prediction_counts_the_new_context_in_the_load() -> None:
     assert at_3 == pytest.approx(0.3 * first_ms)
     core.load.active = 1
     assert core.predicted_first_heard_ms(start) == pytest.approx(0.2 * first_ms)
+
+
+async def test_the_first_hint_covers_the_starts_queued_ahead_of_it() -> None:
+    """Contexts starting now (opened, no audio yet) make their first chunks
+    first: a new context's first hint asks for that much more audio, in
+    proportion to how many there are, and admission predicts the wait."""
+    clock = ManualClock(50.0)
+    voice = PlannedVoice(clock)
+    core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
+                      segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
+    await _speak(core, clock, "warm")
+    start = Start(context="x", **OPUS)  # type: ignore[arg-type]
+
+    async def first_hint(name: str) -> BufferHint:
+        sink = await _speak(core, clock, name)
+        return next(e for e in sink.events if isinstance(e, BufferHint))
+
+    alone_hint, alone_heard = await first_hint("a"), core.predicted_first_heard_ms(start)
+    burst = []
+    deltas = []
+    for n in (1, 4):
+        while len(burst) < n:  # a burst: opened, their text not yet spoken
+            burst.append(core.open(Start(context=f"o{len(burst)}", **OPUS),  # type: ignore[arg-type]
+                                   TimedSink(clock)))
+        predicted = core.predicted_first_heard_ms(start)
+        hint = await first_hint(f"b{n}")
+        deltas.append((hint.prebuffer_ms - alone_hint.prebuffer_ms, predicted - alone_heard))
+    (hint1, heard1), (hint4, heard4) = deltas
+    assert hint1 > 5.0 and hint4 == pytest.approx(4 * hint1, rel=0.05)
+    assert heard1 > 5.0 and heard4 == pytest.approx(4 * heard1, rel=0.05)
+    for ctx in burst:  # their first audio out (or gone): nothing is ahead any more
+        ctx.release()
+    assert (await first_hint("c")).prebuffer_ms == pytest.approx(alone_hint.prebuffer_ms)

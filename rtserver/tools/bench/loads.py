@@ -120,7 +120,7 @@ async def run_turn(client: RtClient, plan: TurnPlan, cfg: LoadConfig) -> Sample:
                                  sample_rate=cfg.sample_rate, frame_ms=cfg.frame_ms)
     except ServerError as exc:
         return {**base, "outcome": "error", "error": exc.error.code,
-                "error_message": exc.error.message}
+                "error_message": exc.error.message, "retry_after_ms": exc.error.retry_after_ms}
     except (RtClientError, TimeoutError) as exc:
         return {**base, "outcome": "failed", "error": type(exc).__name__,
                 "error_message": str(exc)}
