@@ -101,6 +101,11 @@ class Gate:
                                      config.retry_min_ms, config.retry_max_ms)
         # contexts starting now (the core's count; set by the app)
         self.starting: Callable[[float], int] = lambda now: 0
+        # whether a voice's starts count against ``starts``: a voice whose CPU
+        # work bounds it (``VoiceInfo.parallel_segments`` > 0, set by the app).
+        # A batching GPU engine (in this process or behind a GPU worker) is not
+        # limited by this machine's cores; its own capacity admits it.
+        self.start_limited: Callable[[str], bool] = lambda voice: True
         self.breakers = {v: CircuitBreaker(v, config.breaker_failures,
                                            config.breaker_cooldown_s,
                                            config.breaker_max_cooldown_s) for v in voices}
@@ -136,7 +141,8 @@ class Gate:
         if health is not None:
             health.admit(context)
         self.rates.context(key, now, context)
-        self.starts.check(self.starting(now), now, predicted_ms, context)
+        if self.start_limited(voice):
+            self.starts.check(self.starting(now), now, predicted_ms, context)
         if self.config.first_heard_target_ms > 0:
             self.load.check(predicted_ms(), context)
 

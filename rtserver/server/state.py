@@ -67,6 +67,9 @@ class AppState:
                                encode_pool=self.encode_pool,
                                max_text_chars=cfg.server.max_text_chars)
         self.gate.starting = self.core.load.starting_now  # a burst's starts, for admission
+        voices = self.voices
+        self.gate.start_limited = lambda name: (
+            name in voices and voices[name].info.parallel_segments > 0)
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.core.load.active)
         # short names: "<name>" for "<family>:<name>", and "default"

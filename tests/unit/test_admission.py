@@ -282,3 +282,15 @@ def test_gate_refuses_a_start_while_too_many_are_starting() -> None:
     assert reject_reason(info.value) == "overloaded"
     g.starting = lambda now: 1
     g.start("k", "v", 0.0, "d", lambda: 120.0)
+
+
+def test_a_batching_gpu_voice_is_not_held_to_the_cpu_start_limit() -> None:
+    """The start limit is sized from this machine's cores: it holds voices whose
+    CPU work bounds them, not a GPU engine (in process or behind a worker)."""
+    g = Gate(dataclasses.replace(AdmissionConfig(), starting_per_core=1.0), ["cpu", "gpu"])
+    g.starts.limit = 2
+    g.starting = lambda now: 5
+    g.start_limited = lambda voice: voice == "cpu"
+    g.start("k", "gpu", 0.0, "a", lambda: 120.0)  # admitted: its engine batches
+    with pytest.raises(Busy):
+        g.start("k", "cpu", 0.0, "b", lambda: 120.0)
