@@ -53,7 +53,7 @@ from rtserver.client.errors import ConnectionLost, HandshakeRejected, ServerErro
 from rtserver.client.events import AudioFrames, ContextResult, ContextTimes, Event
 from rtserver.client.helpers import openai_text, report_played, send_tokens, word_times
 from rtserver.errors import ProtocolViolation, RtClientError, SeqGapError
-from rtserver.protocol.messages import parse_server_message
+from rtserver.protocol.messages import LexiconEntry, parse_server_message
 from rtserver.protocol.wire import SeqTracker
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "ContextTimes",
     "Event",
     "HandshakeRejected",
+    "LexiconEntry",
     "ProtocolViolation",
     "RtClient",
     "RtClientError",

@@ -6,7 +6,7 @@ sink)`` gives a ``SpeechContext`` (``feed``/``flush``/``end``, ``await run()``,
 ``core.predicted_first_heard_ms(start)`` is admission's prediction (the one
 model of ``first_heard``). Modules, top to bottom (``lint-imports``): stream,
 speech, context, speaker, segments and first_heard, inputs and framing and
-shared, events and stats.
+shared and pronounce, events and stats.
 No transport here: the WebSocket server, the HTTP endpoint and ``rtserver say``
 are sinks.
 """
@@ -21,6 +21,7 @@ from rtserver.core.events import (
     Sink,
     SinkClosed,
 )
+from rtserver.core.pronounce import Pronouncer, voice_lexicons
 from rtserver.core.speech import SpeechCore
 from rtserver.core.stats import ServerLoad, VoiceStats
 from rtserver.core.stream import ContextStream, EventQueue, StreamEvent, speak
@@ -33,6 +34,7 @@ __all__ = [
     "EventQueue",
     "Finished",
     "Ledger",
+    "Pronouncer",
     "ServerLoad",
     "Sink",
     "SinkClosed",
@@ -41,4 +43,5 @@ __all__ = [
     "StreamEvent",
     "VoiceStats",
     "speak",
+    "voice_lexicons",
 ]

@@ -20,6 +20,7 @@ import logging
 from rtserver.audio.framer import Framer
 from rtserver.core.events import Finished, Ledger, Sink, SinkClosed
 from rtserver.core.inputs import ContextInput
+from rtserver.core.pronounce import Pronouncer
 from rtserver.core.segments import SegmentLoop, SegmentQueue
 from rtserver.core.shared import Shared
 from rtserver.core.speaker import Speaker
@@ -36,7 +37,7 @@ class SpeechContext:
     """One context of a core (``SpeechCore.open``) writing into ``sink``."""
 
     def __init__(self, shared: Shared, start: Start, voice: Voice, stats: VoiceStats,
-                 sink: Sink, stream: int = 0) -> None:
+                 sink: Sink, stream: int = 0, pronouncer: Pronouncer | None = None) -> None:
         self.shared = shared
         self.context = start.context
         self.start = start
@@ -46,9 +47,14 @@ class SpeechContext:
                              clock=shared.clock, voice=voice.info.name)
         self.input = ContextInput(start.context, shared.clock, shared.max_text_chars)
         queue = SegmentQueue(shared.max_text_chars, on_idle=self.input.wake)
+        if pronouncer is None:
+            pronouncer = Pronouncer.of(start, voice.info)
         self.segments = SegmentLoop(self.input, queue, shared.segmenter_config,
-                                    shared.hint_config, stats, self.ledger, shared.clock)
-        self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue)
+                                    shared.hint_config, stats, self.ledger, shared.clock,
+                                    ssml=pronouncer.controls if pronouncer.ssml else None,
+                                    voice=voice.info.name)
+        self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue,
+                               pronouncer)
         self.heard_ms = 0.0  # what the listener reported hearing (``played``)
         self.outcome: str | None = None  # "done" | "failed" | "cancelled" | "closed"
         self._task: asyncio.Task[object] | None = None

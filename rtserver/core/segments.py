@@ -23,6 +23,8 @@ from rtserver.core.inputs import ContextInput, Input, InputKind
 from rtserver.core.stats import VoiceStats
 from rtserver.pacing.hints import HintConfig
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
+from rtserver.text.ssml import parse_ssml, ssml_segments
+from rtserver.voices.base import SpeechControls
 
 # Extra lead for a starvation release: the event loop, framing and the
 # first network hop (a few ms each on loopback) plus one 20 ms frame.
@@ -88,7 +90,8 @@ class SegmentLoop:
     """Takes ``inputs``, cuts segments into ``queue`` until the end."""
 
     def __init__(self, inputs: ContextInput, queue: SegmentQueue, config: SegmenterConfig,
-                 hints: HintConfig, stats: VoiceStats, ledger: Ledger, clock: Clock) -> None:
+                 hints: HintConfig, stats: VoiceStats, ledger: Ledger, clock: Clock,
+                 *, ssml: SpeechControls | None = None, voice: str = "this voice") -> None:
         self.inputs = inputs
         self.queue = queue
         self.first_segment_at: float | None = None  # its text was complete (TTFA's start)
@@ -98,11 +101,16 @@ class SegmentLoop:
         self._stats = stats
         self._ledger = ledger
         self._clock = clock
+        self._ssml = ssml  # an SSML context: its voice's controls
+        self._voice = voice
         self._starve_checked = -1  # pending chars at the last starvation release
         # (characters received so far, arrival time) per fragment, until the first segment
         self._arrivals: list[tuple[int, float]] = []
 
     async def run(self) -> None:
+        if self._ssml is not None:
+            await self._run_ssml(self._ssml)
+            return
         segmenter = Segmenter(self._config)
         now = self._clock.now
         while True:
@@ -130,6 +138,26 @@ class SegmentLoop:
                 await self._emit(segmenter.end(t), item)
                 await self.queue.put(None)
                 return
+
+    async def _run_ssml(self, controls: SpeechControls) -> None:
+        """An SSML context: the document is whole at ``end`` (``flush`` changes
+        nothing); then it is parsed and its segments queued
+        (``rtserver.text.ssml``). A document the voice cannot honour fails
+        the context with the error."""
+        parts: list[str] = []
+        while True:
+            item = await self.inputs.next(None)
+            if item is None or item.kind is InputKind.FLUSH:
+                continue
+            if item.kind is InputKind.TEXT:
+                parts.append(item.text)
+                continue
+            document = "".join(parts)
+            items = parse_ssml(document, phonemes=controls.phonemes,
+                               rate=controls.speed_range is not None, voice=self._voice)
+            await self._emit(ssml_segments(items, self._config, (0, len(document))), item)
+            await self.queue.put(None)
+            return
 
     def _starvation_at(self, segmenter: Segmenter) -> float | None:
         """When to release buffered words so the listener does not run dry.

@@ -11,7 +11,9 @@ Each request is one context of the speech core (``rtserver.core.speak``: this
 endpoint is one more sink of the core, as the WebSocket connection is), so
 the same voices, segmenter, pacing and metrics apply (``rtserver_contexts_total``,
 ``rtserver_ttfa_ms``, rtf, the running-context count); the PCM frames it yields
-are tempo-changed for ``speed`` and encoded here (``rtserver.audio.encoders``).
+are tempo-changed for ``speed`` (unless the voice speaks at that speed
+itself: its ``controls.speed_range``, e.g. Piper's length scale) and encoded
+here (``rtserver.audio.encoders``).
 
 Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API
 keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text`` per
@@ -128,6 +130,9 @@ class SpeechRequest:
     speed: float = 1.0
     stream_format: str = "audio"
     model: str = "rtserver"
+    # the voice speaks at ``speed`` itself (its ``controls.speed_range``
+    # holds it): no tempo change afterwards
+    native_speed: bool = False
 
     def cache_key(self) -> PhraseKey:
         # every field that changes the audio; stream_format only wraps it
@@ -173,8 +178,10 @@ def parse_speech_request(body: bytes, app: AppState) -> SpeechRequest:
     if stream_format not in ("audio", "sse"):
         raise _BadField("stream_format", "stream_format must be 'audio' or 'sse'")
     model = field("model", str, "rtserver")
+    span = app.voices[voice].info.controls.speed_range
+    native = speed != 1.0 and span is not None and span[0] <= speed <= span[1]
     return SpeechRequest(input=text, voice=voice, response_format=fmt, speed=speed,
-                         stream_format=stream_format, model=model)
+                         stream_format=stream_format, model=model, native_speed=native)
 
 
 def sse_event(obj: dict[str, Any]) -> bytes:
@@ -367,7 +374,8 @@ class SpeechApi:
         entry's limit. Returns the audio's ms and ``keep`` (None when it
         outgrew the limit). The core counts the context (outcome, TTFA, rtf)."""
         encoder = make_encoder(speech.response_format, OPENAI_RATE)
-        tempo = Tempo(OPENAI_RATE, speech.speed) if speech.speed != 1.0 else None
+        tempo = (Tempo(OPENAI_RATE, speech.speed)
+                 if speech.speed != 1.0 and not speech.native_speed else None)
         keep_limit = self.cache.max_entry_bytes  # beyond this it cannot be cached anyway
         kept = 0
 
@@ -400,13 +408,14 @@ class SpeechApi:
                 elif isinstance(event, Done):
                     audio_ms = event.audio_ms
         await emit(np.zeros(0, np.float32), last=True)
-        return audio_ms / speech.speed, keep
+        return (audio_ms if speech.native_speed else audio_ms / speech.speed), keep
 
 
 def speech_start(speech: SpeechRequest, context: str) -> Start:
     """The core context of a request: 24 kHz PCM frames, encoded here."""
     return Start(context=context, voice=speech.voice, format="pcm_s16le",
-                 sample_rate=OPENAI_RATE, frame_ms=FRAME_MS)
+                 sample_rate=OPENAI_RATE, frame_ms=FRAME_MS,
+                 speed=speech.speed if speech.native_speed else None)
 
 
 def error_of(message: ErrorMessage) -> RtError:

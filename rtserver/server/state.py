@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from rtserver import __version__
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.config import Config
-from rtserver.core import ServerLoad, SpeechCore, VoiceStats
+from rtserver.core import ServerLoad, SpeechCore, VoiceStats, voice_lexicons
 from rtserver.metrics import Metrics
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.server.gate import Gate, VoiceHealth
@@ -58,7 +58,8 @@ class AppState:
         self.core = SpeechCore(voices, segmenter_config=cfg.segmenter, hint_config=cfg.hints,
                                opus_config=cfg.opus, metrics=self.metrics, clock=self.clock,
                                encode_pool=self.encode_pool,
-                               max_text_chars=cfg.server.max_text_chars)
+                               max_text_chars=cfg.server.max_text_chars,
+                               lexicons=voice_lexicons(cfg.voice.lexicons, list(voices)))
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.core.load.active)
         # short names: "<name>" for "<family>:<name>", and "default"

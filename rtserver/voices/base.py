@@ -8,6 +8,50 @@ from typing import Protocol
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import SYSTEM_CLOCK, Clock
+from rtserver.text.lexicon import PhonemeSpan
+
+SPEED_RANGE = (0.5, 2.0)  # what ``start.speed`` may ask (docs/PROTOCOL-EXTENSIONS.md)
+SSML_ALWAYS = ("speak", "break", "sub")  # the SSML every voice honours (the core does them)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechControls:
+    """What a voice does with a context's pronunciation and speed requests
+    (issue 29); each family sets its own (``CONTROLS`` in its voice module).
+
+    Lexicon aliases, SSML ``<speak>``, ``<break>`` and ``<sub>`` work for
+    every voice (the core applies them to the text and the audio);
+    the rest depends on the voice.
+    """
+
+    # The phoneme alphabet of lexicon phonemes and SSML ``<phoneme>`` ("ipa"),
+    # "" when the voice takes no phonemes.
+    phoneme_alphabet: str = ""
+    # The phoneme symbols the voice knows (after NFD); empty: not checked.
+    phoneme_symbols: frozenset[str] = frozenset()
+    # ``speed`` the voice honours (``start.speed``, SSML ``<prosody rate>``):
+    # (slowest, fastest), or None when it has no speed control.
+    speed_range: tuple[float, float] | None = None
+
+    @property
+    def phonemes(self) -> bool:
+        return bool(self.phoneme_alphabet)
+
+    def capabilities(self) -> dict[str, object]:
+        """The capability flags of these features, as ``ready.voice_info`` and
+        ``GET /v1/voices`` list them: ``lexicon`` (entry kinds it honours),
+        ``ssml`` (the elements), ``speed`` ([slowest, fastest] or None)."""
+        ssml = list(SSML_ALWAYS)
+        if self.phonemes:
+            ssml.append("phoneme")
+        if self.speed_range is not None:
+            ssml.append("prosody")
+        return {
+            "lexicon": ["alias", "phoneme"] if self.phonemes else ["alias"],
+            "phoneme_alphabet": self.phoneme_alphabet or None,
+            "ssml": ssml,
+            "speed": list(self.speed_range) if self.speed_range is not None else None,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +74,8 @@ class VoiceInfo:
     # its worker threads); more at once share them, so each is slower in
     # proportion. 0: not bounded that way (a batching engine on a GPU).
     parallel_segments: int = 0
+    # Lexicon phonemes, SSML and speed (``SpeechControls.capabilities()``).
+    controls: SpeechControls = SpeechControls()
 
 
 class Marks(dict[str, float]):
@@ -67,6 +113,11 @@ class SynthesisRequest:
     marks: Marks | None = None
     # The core's clock: the one a voice reads for marks and deadlines.
     clock: Clock = SYSTEM_CLOCK
+    # IPA for spans of ``text`` (a lexicon, SSML ``<phoneme>``): only for a
+    # voice whose ``controls`` take phonemes, checked against its symbols.
+    phonemes: tuple[PhonemeSpan, ...] = ()
+    # Speaking rate (1: the voice's own), within ``controls.speed_range``.
+    speed: float = 1.0
 
 
 MODEL_OUTPUT_MARK = "model_output"

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import msgspec
 
+from rtserver.voices.base import SpeechControls
+
 
 class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     """A voice the worker serves (``rtserver.voices.base.VoiceInfo``'s fields)."""
@@ -28,6 +30,7 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     chunk_plan_ms: tuple[float, ...] = ()
     chunk_cost_ms: tuple[float, ...] = ()
     parallel_segments: int = 0
+    controls: SpeechControls = SpeechControls()
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
@@ -46,6 +49,7 @@ class Synthesize(msgspec.Struct, frozen=True, kw_only=True, tag="synthesize"):
     first: bool = False
     deadline: float | None = None  # CLOCK_MONOTONIC
     want_marks: bool = False  # send back when the model's first output came
+    speed: float = 1.0  # SynthesisRequest.speed
 
 
 class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):

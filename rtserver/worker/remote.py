@@ -351,7 +351,7 @@ class RemoteVoice:
             request.deadline - clock.now() + time.monotonic()
         msg = m.Synthesize(request_id=request.request_id, voice=self._info.name,
                            text=request.text, first=request.first, deadline=deadline,
-                           want_marks=request.marks is not None)
+                           want_marks=request.marks is not None, speed=request.speed)
         with self.link.request(msg) as stream:
             while True:
                 item = await stream.get()

@@ -49,9 +49,13 @@ from rtserver.engine.quantization import (
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.base import Vocoder, VocoderStream
 from rtserver.vocoder.config import VocoderConfig
-from rtserver.voices.base import SynthesisRequest, VoiceInfo
+from rtserver.voices.base import SpeechControls, SynthesisRequest, VoiceInfo
 from rtserver.voices.orpheus import codes as ot
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
+
+# What Orpheus does with lexicons, SSML and speed (issue 29): aliases only; its
+# model has no phoneme input and no speed control (a ``speed`` is refused).
+CONTROLS = SpeechControls()
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -215,7 +219,8 @@ class OrpheusVoice:
         self._info = VoiceInfo(name=f"{FAMILY}:{speaker}", family=FAMILY,
                                sample_rate=ot.SAMPLE_RATE, language="en",
                                description=f"Orpheus TTS speaker {speaker}{dummy}",
-                               chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms)
+                               chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms,
+                               controls=CONTROLS)
         self._closed = False
 
     @property
