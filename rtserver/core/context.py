@@ -52,7 +52,7 @@ class SpeechContext:
         self.segments = SegmentLoop(self.input, queue, shared.segmenter_config,
                                     shared.hint_config, stats, self.ledger, shared.clock,
                                     ssml=pronouncer.controls if pronouncer.ssml else None,
-                                    voice=voice.info.name)
+                                    voice=voice.info.name, report=self._report)
         self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue,
                                pronouncer)
         self.heard_ms = 0.0  # what the listener reported hearing (``played``)
@@ -132,6 +132,12 @@ class SpeechContext:
         if self.outcome is None:
             self.outcome = "closed"
             self.shared.load.active -= 1
+
+    def _report(self, err: RtError) -> None:
+        """An error about the context's input that ends nothing (bad SSML)."""
+        err.context = self.context
+        self.shared.metrics.errors.labels(err.code.value).inc()
+        self.sink.control(error_message(err))
 
     async def _speak(self) -> None:
         await self.speaker.run()

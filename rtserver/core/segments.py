@@ -21,6 +21,7 @@ from rtserver.clock import Clock
 from rtserver.core.events import Ledger
 from rtserver.core.inputs import ContextInput, Input, InputKind
 from rtserver.core.stats import VoiceStats
+from rtserver.errors import RtError
 from rtserver.pacing.hints import HintConfig
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
 from rtserver.text.ssml import parse_ssml, ssml_segments
@@ -91,7 +92,8 @@ class SegmentLoop:
 
     def __init__(self, inputs: ContextInput, queue: SegmentQueue, config: SegmenterConfig,
                  hints: HintConfig, stats: VoiceStats, ledger: Ledger, clock: Clock,
-                 *, ssml: SpeechControls | None = None, voice: str = "this voice") -> None:
+                 *, ssml: SpeechControls | None = None, voice: str = "this voice",
+                 report: Callable[[RtError], None] | None = None) -> None:
         self.inputs = inputs
         self.queue = queue
         self.first_segment_at: float | None = None  # its text was complete (TTFA's start)
@@ -103,6 +105,7 @@ class SegmentLoop:
         self._clock = clock
         self._ssml = ssml  # an SSML context: its voice's controls
         self._voice = voice
+        self._report = report  # an error about the input that ends nothing
         self._starve_checked = -1  # pending chars at the last starvation release
         # (characters received so far, arrival time) per fragment, until the first segment
         self._arrivals: list[tuple[int, float]] = []
@@ -142,8 +145,10 @@ class SegmentLoop:
     async def _run_ssml(self, controls: SpeechControls) -> None:
         """An SSML context: the document is whole at ``end`` (``flush`` changes
         nothing); then it is parsed and its segments queued
-        (``rtserver.text.ssml``). A document the voice cannot honour fails
-        the context with the error."""
+        (``rtserver.text.ssml``). A document that is not well-formed or that
+        the voice cannot honour is reported (``error`` about the document, as
+        for any bad input) and nothing of it is spoken: the context ends with
+        ``done`` and no audio."""
         parts: list[str] = []
         while True:
             item = await self.inputs.next(None)
@@ -153,9 +158,16 @@ class SegmentLoop:
                 parts.append(item.text)
                 continue
             document = "".join(parts)
-            items = parse_ssml(document, phonemes=controls.phonemes,
-                               rate=controls.speed_range is not None, voice=self._voice)
-            await self._emit(ssml_segments(items, self._config, (0, len(document))), item)
+            try:
+                items = parse_ssml(document, phonemes=controls.phonemes,
+                                   rate=controls.speed_range is not None, voice=self._voice)
+                segments = ssml_segments(items, self._config, (0, len(document)))
+            except RtError as err:
+                if self._report is None:
+                    raise
+                self._report(err)
+                segments = []
+            await self._emit(segments, item)
             await self.queue.put(None)
             return
 
