@@ -3,6 +3,11 @@ embedded Piper voice (issue 29)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -102,3 +107,43 @@ async def test_speed_changes_the_duration(server: ServerThread) -> None:
         with pytest.raises(ServerError) as info:
             await client.start(speed=3.0)
         assert info.value.error.code == "bad_message" and "speed" in info.value.error.message
+
+
+VOICE_PLS = """<?xml version="1.0" encoding="UTF-8"?>
+<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon"
+         alphabet="ipa" xml:lang="en-US">
+  <lexeme><grapheme>rtserver</grapheme><alias>are tee server</alias></lexeme>
+  <lexeme><grapheme>count</grapheme>
+    <phoneme>wˈʌn tˈuː θɹˈiː fˈɔːɹ fˈaɪv sˈɪks sˈɛvən ˈeɪt nˈaɪn</phoneme></lexeme>
+</lexicon>
+"""
+
+
+def http_seconds(server: ServerThread, text: str) -> float:
+    body = json.dumps({"model": "tts-1", "voice": "default", "input": text,
+                       "response_format": "pcm"}).encode()
+    request = urllib.request.Request(server.http + "/v1/audio/speech", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return len(response.read()) / 2 / 24000
+
+
+async def test_a_voices_lexicon_from_a_pls_file_serves_both_apis(
+        server: ServerThread, tmp_path: Path) -> None:
+    pls = tmp_path / "voice.pls"
+    pls.write_text(VOICE_PLS, encoding="utf-8")
+    own = ServerThread.with_settings(voice={"lexicons": [f"en_US-joe-medium={pls}"]}).start()
+    try:
+        # the voice's alias, and a context's own entry before it
+        result = await speak(own, ["rtserver, rtserver's."])
+        assert [s.text for _, s in result.times.segments] == [
+            "are tee server,", "are tee server's."]
+        result = await speak(own, ["rtserver."], lexicon=[
+            LexiconEntry(grapheme="RTServer", alias="our server")])
+        assert [s.text for _, s in result.times.segments] == ["our server."]
+        # the HTTP API speaks the voice's phonemes too
+        plain = await asyncio.to_thread(http_seconds, server, "Please count now.")
+        counted = await asyncio.to_thread(http_seconds, own, "Please count now.")
+        assert counted > plain + 1.5, (plain, counted)
+    finally:
+        own.stop()
