@@ -35,6 +35,14 @@ def unknown_symbols(phoneme: str, controls: SpeechControls) -> str:
     return "".join(seen)
 
 
+def check_phonemes(segments: Sequence[Segment], controls: SpeechControls, voice: str) -> None:
+    """``BadMessage`` for an SSML ``<phoneme>`` with a symbol ``voice`` lacks."""
+    for seg in segments:
+        for span in seg.phonemes:
+            if bad := unknown_symbols(span.phoneme, controls):
+                raise BadMessage(f"SSML <phoneme>: {voice} has no phoneme {bad[:10]!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Pronouncer:
     """A context's lexicon and speed, checked against its voice."""
@@ -78,11 +86,7 @@ class Pronouncer:
         """``seg`` as the voice speaks it: aliases applied, phoneme spans (the
         lexicon's and SSML's), speed (the context's times SSML's rate, within
         the voice's range)."""
-        fixed = seg.phonemes
-        for span in fixed:
-            if bad := unknown_symbols(span.phoneme, self.controls):
-                raise BadMessage(f"SSML <phoneme>: {self.voice} has no phoneme {bad[:10]!r}")
-        said = self.lexicon.apply(seg.text, fixed)
+        said = self.lexicon.apply(seg.text, seg.phonemes)
         speed = self.speed * seg.speed
         if self.controls.speed_range is not None:
             lo, hi = self.controls.speed_range
@@ -120,4 +124,4 @@ def voice_lexicons(items: Sequence[str], voices: Sequence[str]
     return {voice: tuple(entries) for voice, entries in found.items()}
 
 
-__all__ = ["Pronouncer", "unknown_symbols", "voice_lexicons"]
+__all__ = ["Pronouncer", "check_phonemes", "unknown_symbols", "voice_lexicons"]

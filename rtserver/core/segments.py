@@ -20,6 +20,7 @@ from collections.abc import Callable
 from rtserver.clock import Clock
 from rtserver.core.events import Ledger
 from rtserver.core.inputs import ContextInput, Input, InputKind
+from rtserver.core.pronounce import check_phonemes
 from rtserver.core.stats import VoiceStats
 from rtserver.errors import RtError
 from rtserver.pacing.hints import HintConfig
@@ -162,6 +163,7 @@ class SegmentLoop:
                 items = parse_ssml(document, phonemes=controls.phonemes,
                                    rate=controls.speed_range is not None, voice=self._voice)
                 segments = ssml_segments(items, self._config, (0, len(document)))
+                check_phonemes(segments, controls, self._voice)
             except RtError as err:
                 if self._report is None:
                     raise

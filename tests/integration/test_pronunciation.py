@@ -89,12 +89,16 @@ async def test_ssml_in_fragments_gives_breaks_of_silence(server: ServerThread) -
     assert 1.5 <= silence < 1.9, silence  # the break, plus the voice's own edges
 
 
+@pytest.mark.parametrize(("doc", "code", "what"), [
+    ("<speak>Hi <emphasis>there</emphasis></speak>", "unsupported_ssml", "emphasis"),
+    ('<speak>Hi <phoneme ph="☃">there</phoneme></speak>', "bad_message", "no phoneme"),
+    ("<speak>Hi <break time='1s'></speak>", "bad_message", "well-formed"),
+])
 async def test_ssml_outside_the_subset_is_an_error_and_nothing_is_spoken(
-        server: ServerThread) -> None:
-    result = await speak(server, ["<speak>Hi <emphasis>there</emphasis></speak>"],
-                         text_format="ssml")
-    assert [e.code for e in result.errors] == ["unsupported_ssml"]
-    assert "emphasis" in result.errors[0].message
+        server: ServerThread, doc: str, code: str, what: str) -> None:
+    result = await speak(server, [doc], text_format="ssml")
+    assert [e.code for e in result.errors] == [code]
+    assert what in result.errors[0].message
     assert result.done is not None and result.frame_count == 0  # never silently plain text
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rtserver.core.pronounce import Pronouncer, voice_lexicons
+from rtserver.core.pronounce import Pronouncer, check_phonemes, voice_lexicons
 from rtserver.errors import BadMessage, ConfigError, ErrorCode, LexiconTooLarge
 from rtserver.protocol.messages import (
     LexiconEntry,
@@ -72,9 +72,11 @@ def test_a_segment_is_prepared_with_aliases_phonemes_and_speed() -> None:
 
 
 def test_an_ssml_phoneme_the_voice_lacks_is_refused() -> None:
-    p = Pronouncer.of(start(text_format="ssml"), PIPER_LIKE)
-    with pytest.raises(BadMessage, match="SSML <phoneme>"):
-        p.prepare(Segment(0, "x", (0, 1), phonemes=(PhonemeSpan(0, 1, "ʃ"),)))
+    ok = Segment(0, "x", (0, 1), phonemes=(PhonemeSpan(0, 1, "tə"),))
+    check_phonemes([ok], PIPER_LIKE.controls, "piper:x")
+    bad = Segment(1, "x", (0, 1), phonemes=(PhonemeSpan(0, 1, "ʃ"),))
+    with pytest.raises(BadMessage, match="SSML <phoneme>: piper:x has no phoneme 'ʃ'"):
+        check_phonemes([ok, bad], PIPER_LIKE.controls, "piper:x")
 
 
 def test_start_carries_lexicon_speed_and_text_format_both_ways() -> None:
