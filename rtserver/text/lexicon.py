@@ -50,6 +50,9 @@ MAX_PLS_BYTES = 4 * 1024 * 1024
 PLS_NAMESPACE = "http://www.w3.org/2005/01/pronunciation-lexicon"
 # what a PLS file may name in ``alphabet``: IPA only (what espeak and Piper read)
 IPA_ALPHABETS = ("ipa",)
+# An alias is spoken as text after normalization, so brackets would reach a
+# voice as its own syntax (piper's ``[[ ]]`` phonemes, ChatTTS's ``[laugh]``).
+ALIAS_REFUSED = re.compile(r"[\[\]<>]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,9 @@ def check_entry(entry: Entry, index: int = 0) -> Entry:
         if len(value) > MAX_VALUE_CHARS:
             raise LexiconTooLarge(f"{where}: '{name}' is longer than {MAX_VALUE_CHARS} "
                                   "characters")
+        if name == "alias" and ALIAS_REFUSED.search(value):
+            raise BadMessage(f"{where}: an alias is plain words; '[', ']', '<' and '>' "
+                             "(control tokens, phoneme blocks, markup) are not accepted")
         values[name] = value
     if values["phoneme"] is None and values["alias"] is None:
         raise BadMessage(f"{where}: needs a 'phoneme' or an 'alias'")
@@ -238,6 +244,7 @@ def parse_pls(document: str) -> list[Entry]:
 
 
 __all__ = [
+    "ALIAS_REFUSED",
     "MAX_ENTRIES",
     "MAX_GRAPHEME_CHARS",
     "MAX_VALUE_CHARS",

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from xml.etree import ElementTree
 
 from rtserver.errors import BadMessage, UnsupportedSsml
-from rtserver.text.lexicon import PhonemeSpan, refuse_dtd
+from rtserver.text.lexicon import ALIAS_REFUSED, PhonemeSpan, refuse_dtd
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
 
 SSML_NAMESPACE = "http://www.w3.org/2001/10/synthesis"
@@ -184,6 +184,8 @@ def parse_ssml(document: str, *, phonemes: bool, rate: bool, voice: str = "this 
                 alias = " ".join(child.get("alias", "").split())
                 if not alias:
                     raise BadMessage("SSML <sub> needs an 'alias'")
+                if ALIAS_REFUSED.search(alias):
+                    raise BadMessage("SSML <sub alias>: plain words; no '[', ']', '<', '>'")
                 only_text(child, "sub")
                 out.add(alias)
             elif kind == "phoneme":

@@ -86,7 +86,9 @@ def test_fixed_spans_are_kept_moved_and_not_matched_inside() -> None:
 
 
 @pytest.mark.parametrize("entry", [Entry("  ", alias="x"), Entry("--", alias="x"),
-                                   Entry("word"), Entry("word", alias=" ")])
+                                   Entry("word"), Entry("word", alias=" "),
+                                   Entry("word", alias="[[wˈɜːd]]"),
+                                   Entry("word", alias="[laugh] word")])
 def test_entries_without_a_word_or_a_value_are_bad_messages(entry: Entry) -> None:
     with pytest.raises(BadMessage) as info:
         Lexicon([entry], phonemes=True)

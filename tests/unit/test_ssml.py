@@ -51,6 +51,7 @@ def test_prosody_rates_split_runs_and_nest_by_multiplying() -> None:
     ('<speak><break time="loud"/></speak>', ErrorCode.BAD_MESSAGE),
     ('<speak><prosody rate="9000%">x</prosody></speak>', ErrorCode.BAD_MESSAGE),
     ('<speak><sub>no alias</sub></speak>', ErrorCode.BAD_MESSAGE),
+    ('<speak><sub alias="[laugh]">x</sub></speak>', ErrorCode.BAD_MESSAGE),
     ('<!DOCTYPE speak [<!ENTITY a "b">]><speak>&a;</speak>', ErrorCode.BAD_MESSAGE),
 ])
 def test_anything_outside_the_subset_is_an_error_with_a_code(doc: str, code: ErrorCode
