@@ -17,7 +17,14 @@ from dataclasses import dataclass, replace
 
 from rtserver.errors import BadMessage, ConfigError, RtError
 from rtserver.protocol.messages import Start
-from rtserver.text.lexicon import MAX_PLS_BYTES, Entry, Lexicon, PhonemeSpan, parse_pls
+from rtserver.text.lexicon import (
+    MAX_FILE_ENTRIES,
+    MAX_PLS_BYTES,
+    Entry,
+    Lexicon,
+    PhonemeSpan,
+    parse_pls,
+)
 from rtserver.text.segmenter import Segment
 from rtserver.voices.base import SpeechControls, VoiceInfo
 
@@ -54,14 +61,16 @@ class Pronouncer:
     ssml: bool = False
 
     @classmethod
-    def of(cls, start: Start, info: VoiceInfo, voice_lexicon: Sequence[Entry] = ()
+    def of(cls, start: Start, info: VoiceInfo, voice_lexicon: Lexicon | None = None
            ) -> Pronouncer:
         """Raises ``BadMessage`` / ``LexiconTooLarge`` (naming the entry) for
-        what ``info``'s voice cannot honour."""
+        what ``info``'s voice cannot honour. ``voice_lexicon``: the voice's own,
+        compiled once (``compile_voice_lexicon``); the context's entries come
+        before it."""
         controls = info.controls
         own = [Entry(e.grapheme, e.phoneme, e.alias, e.case_sensitive) for e in start.lexicon]
         try:
-            lexicon = Lexicon([*own, *voice_lexicon], phonemes=controls.phonemes)
+            lexicon = Lexicon(own, phonemes=controls.phonemes)
         except RtError as exc:  # bad_message, lexicon_too_large
             exc.context = start.context
             raise
@@ -71,6 +80,8 @@ class Pronouncer:
                                                                          controls)):
                     raise BadMessage(f"lexicon entry {i}: {info.name} has no phoneme "
                                      f"{bad[:10]!r}", context=start.context)
+        if voice_lexicon is not None:
+            lexicon = lexicon.over(voice_lexicon) if own else voice_lexicon
         speed = 1.0 if start.speed is None else start.speed
         if start.speed is not None and start.speed != 1.0:
             if controls.speed_range is None:
@@ -95,6 +106,15 @@ class Pronouncer:
             speed = 1.0
         spans: tuple[PhonemeSpan, ...] = said.phonemes if self.controls.phonemes else ()
         return replace(seg, text=said.text, phonemes=spans, speed=speed)
+
+
+def compile_voice_lexicon(entries: Sequence[Entry], info: VoiceInfo) -> Lexicon:
+    """A voice's own lexicon (``[voice] lexicons``), compiled for it once;
+    ``ConfigError`` for what it cannot honour."""
+    try:
+        return Lexicon(entries, phonemes=info.controls.phonemes, max_entries=MAX_FILE_ENTRIES)
+    except RtError as exc:
+        raise ConfigError(f"the lexicon of {info.name}: {exc.message}") from None
 
 
 def voice_lexicons(items: Sequence[str], voices: Sequence[str]
@@ -124,4 +144,5 @@ def voice_lexicons(items: Sequence[str], voices: Sequence[str]
     return {voice: tuple(entries) for voice, entries in found.items()}
 
 
-__all__ = ["Pronouncer", "check_phonemes", "unknown_symbols", "voice_lexicons"]
+__all__ = ["Pronouncer", "check_phonemes", "compile_voice_lexicon", "unknown_symbols",
+           "voice_lexicons"]

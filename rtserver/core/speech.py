@@ -16,9 +16,9 @@ from rtserver.core.events import Sink
 from rtserver.core.first_heard import predicted_first_heard_ms
 from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.inputs import DEFAULT_MAX_TEXT_CHARS
-from rtserver.core.pronounce import Pronouncer
+from rtserver.core.pronounce import Pronouncer, compile_voice_lexicon
 from rtserver.core.stats import ServerLoad, VoiceStats
-from rtserver.errors import ConfigError, RtError, UnknownVoice, UnsupportedFormat
+from rtserver.errors import ConfigError, UnknownVoice, UnsupportedFormat
 from rtserver.metrics import Metrics
 from rtserver.pacing.hints import HintConfig
 from rtserver.pacing.rates import LiveRates, RtfTracker
@@ -52,6 +52,7 @@ class SpeechCore:
     # bounded: voices x formats x rates x frame sizes, all finite sets
     _heard: dict[_HeardKey, HeardFormat] = field(default_factory=dict, init=False,
                                                  repr=False)
+    _compiled: dict[str, Lexicon] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.voices:
@@ -62,10 +63,7 @@ class SpeechCore:
             voice = self.voices.get(name)
             if voice is None:
                 raise ConfigError(f"a lexicon for voice {name!r}, which is not loaded")
-            try:
-                Lexicon(entries, phonemes=voice.info.controls.phonemes)
-            except RtError as exc:
-                raise ConfigError(f"the lexicon of {name}: {exc.message}") from None
+            self._compiled[name] = compile_voice_lexicon(entries, voice.info)
 
     @property
     def default_voice(self) -> str:
@@ -87,7 +85,7 @@ class SpeechCore:
         transport's task group). Raises ``UnknownVoice`` / ``UnsupportedFormat``
         for options it cannot serve."""
         name, found = self._voice(start, voice)
-        pronouncer = Pronouncer.of(start, found.info, self.lexicons.get(name, ()))
+        pronouncer = Pronouncer.of(start, found.info, self._compiled.get(name))
         return SpeechContext(self, start, found, self.stats_for(name), sink, stream, pronouncer)
 
     def predicted_first_heard_ms(self, start: Start, voice: str | None = None) -> float:

@@ -7,6 +7,7 @@ import pytest
 from rtserver.errors import BadMessage, ErrorCode, LexiconTooLarge
 from rtserver.text.lexicon import (
     MAX_ENTRIES,
+    MAX_FILE_ENTRIES,
     MAX_GRAPHEME_CHARS,
     MAX_VALUE_CHARS,
     Entry,
@@ -113,6 +114,18 @@ def test_a_lexicon_at_its_bounds_is_taken() -> None:
     lex = Lexicon(entries, phonemes=False)
     assert len(lex) == MAX_ENTRIES
     assert lex.apply("w7 w" + "w" * (MAX_GRAPHEME_CHARS - 1)).text == "x " + "y" * MAX_VALUE_CHARS
+
+
+def test_a_contexts_lexicon_goes_over_its_voices_which_has_bounds_of_its_own() -> None:
+    voice = Lexicon([Entry(f"v{i}", alias="voice") for i in range(5 * MAX_ENTRIES)]
+                    + [Entry("New York", alias="NY")], phonemes=False,
+                    max_entries=MAX_FILE_ENTRIES)
+    own = Lexicon([Entry("v1", alias="mine"), Entry("New York City", alias="NYC")],
+                  phonemes=False)
+    both = own.over(voice)
+    assert len(both) == 5 * MAX_ENTRIES + 3
+    assert both.apply("v1 v2 New York City, New York").text == "mine voice NYC, NY"
+    assert voice.apply("v1").text == "voice"  # the voice's own is unchanged
 
 
 PLS = """<?xml version="1.0" encoding="UTF-8"?>

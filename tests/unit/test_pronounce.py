@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rtserver.core.pronounce import Pronouncer, check_phonemes, voice_lexicons
+from rtserver.core.pronounce import (
+    Pronouncer,
+    check_phonemes,
+    compile_voice_lexicon,
+    voice_lexicons,
+)
 from rtserver.errors import BadMessage, ConfigError, ErrorCode, LexiconTooLarge
 from rtserver.protocol.messages import (
     LexiconEntry,
@@ -60,10 +65,11 @@ def test_a_segment_is_prepared_with_aliases_phonemes_and_speed() -> None:
     p = Pronouncer.of(start(speed=1.5, lexicon=(
         LexiconEntry(grapheme="SQL", alias="sequel"),
         LexiconEntry(grapheme="tomato", phoneme="təmˈɑːtoʊ", alias="tomahto"))), PIPER_LIKE,
-        voice_lexicon=(Entry("sql", alias="S Q L"),))  # the context's entry comes first
+        voice_lexicon=compile_voice_lexicon(  # the context's entry comes first
+            [Entry("sql", alias="S Q L"), Entry("and", alias="plus")], PIPER_LIKE))
     seg = p.prepare(Segment(0, "SQL and tomato.", (0, 15), speed=1.5))
-    assert seg.text == "sequel and tomato."
-    assert seg.phonemes == (PhonemeSpan(11, 17, "təmˈɑːtoʊ"),)
+    assert seg.text == "sequel plus tomato."
+    assert seg.phonemes == (PhonemeSpan(12, 18, "təmˈɑːtoʊ"),)
     assert seg.speed == 2.0  # 1.5 x 1.5, within the voice's range
     other = Pronouncer.of(start(lexicon=(
         LexiconEntry(grapheme="tomato", phoneme="təmˈɑːtoʊ", alias="tomahto"),)), NO_CONTROLS)
