@@ -112,9 +112,17 @@ def compile_voice_lexicon(entries: Sequence[Entry], info: VoiceInfo) -> Lexicon:
     """A voice's own lexicon (``[voice] lexicons``), compiled for it once;
     ``ConfigError`` for what it cannot honour."""
     try:
-        return Lexicon(entries, phonemes=info.controls.phonemes, max_entries=MAX_FILE_ENTRIES)
+        lexicon = Lexicon(entries, phonemes=info.controls.phonemes,
+                          max_entries=MAX_FILE_ENTRIES)
     except RtError as exc:
         raise ConfigError(f"the lexicon of {info.name}: {exc.message}") from None
+    if info.controls.phonemes:
+        for entry in entries:
+            if entry.phoneme is not None and (bad := unknown_symbols(entry.phoneme,
+                                                                     info.controls)):
+                raise ConfigError(f"the lexicon of {info.name}: {entry.grapheme!r} has a "
+                                  f"phoneme {info.name} lacks: {bad[:10]!r}")
+    return lexicon
 
 
 def voice_lexicons(items: Sequence[str], voices: Sequence[str]

@@ -144,3 +144,10 @@ def test_each_family_says_what_it_honours() -> None:
     assert CHATTTS.capabilities()["speed"] == [0.5, 2.0]
     assert ORPHEUS.capabilities() == {"lexicon": ["alias"], "phoneme_alphabet": None,
                                       "ssml": ["speak", "break", "sub"], "speed": None}
+
+
+def test_a_voices_lexicon_is_checked_against_it_at_start_up() -> None:
+    with pytest.raises(ConfigError, match="'x' has a phoneme piper:x lacks"):
+        compile_voice_lexicon([Entry("x", phoneme="ʃ")], PIPER_LIKE)
+    with pytest.raises(ConfigError, match="only a phoneme"):
+        compile_voice_lexicon([Entry("x", phoneme="tə")], NO_CONTROLS)
