@@ -23,6 +23,9 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     ENGINE_FAILED = "engine_failed"
     INTERNAL = "internal"
+    # rtserver's (docs/PROTOCOL-EXTENSIONS.md, "Pronunciation, SSML and speed")
+    LEXICON_TOO_LARGE = "lexicon_too_large"
+    UNSUPPORTED_SSML = "unsupported_ssml"
 
 
 class CloseCode:
@@ -75,6 +78,18 @@ class TextTooLong(RtError):
 
 class UnsupportedFormat(RtError):
     code = ErrorCode.UNSUPPORTED_FORMAT
+
+
+class LexiconTooLarge(RtError):
+    """A lexicon past its bounds (entries, grapheme or value length)."""
+
+    code = ErrorCode.LEXICON_TOO_LARGE
+
+
+class UnsupportedSsml(RtError):
+    """An SSML element or attribute outside the subset the voice honours."""
+
+    code = ErrorCode.UNSUPPORTED_SSML
 
 
 class UnknownVoice(RtError):

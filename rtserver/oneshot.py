@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rtserver.config import Config
-from rtserver.core import AudioFrames, SpeechCore, speak
+from rtserver.core import AudioFrames, SpeechCore, speak, voice_lexicons
 from rtserver.errors import EngineFailed
 from rtserver.protocol.messages import Cancelled, Done, ErrorMessage, SegmentStarted, Start
 from rtserver.voices.registry import load_voices
@@ -41,7 +41,8 @@ async def speak_in_process(config: Config, text: str, *, sample_rate: int = 2400
         # the whole text is already here (no client grows it): it is the bound
         core = SpeechCore(voices.voices, segmenter_config=config.segmenter,
                           hint_config=config.hints, opus_config=config.opus,
-                          max_text_chars=max(config.server.max_text_chars, len(text), 1))
+                          max_text_chars=max(config.server.max_text_chars, len(text), 1),
+                          lexicons=voice_lexicons(config.voice.lexicons, list(voices.voices)))
         start = Start(context="say", voice=voice, format="pcm_s16le", sample_rate=sample_rate)
         pcm = bytearray()
         segments: list[str] = []

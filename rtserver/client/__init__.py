@@ -55,7 +55,7 @@ from rtserver.client.errors import ConnectionLost, HandshakeRejected, ServerErro
 from rtserver.client.events import AudioFrames, ContextResult, ContextTimes, Event
 from rtserver.client.helpers import openai_text, report_played, send_tokens, word_times
 from rtserver.errors import ProtocolViolation, RtClientError, SeqGapError
-from rtserver.protocol.messages import Words, WordSpan, parse_server_message
+from rtserver.protocol.messages import LexiconEntry, Words, WordSpan, parse_server_message
 from rtserver.protocol.wire import SeqTracker
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "ContextTimes",
     "Event",
     "HandshakeRejected",
+    "LexiconEntry",
     "ProtocolViolation",
     "RtClient",
     "RtClientError",

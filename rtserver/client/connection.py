@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -24,6 +24,7 @@ from rtserver.protocol.messages import (
     ClientMessage,
     Done,
     ErrorMessage,
+    LexiconEntry,
     Ready,
     Start,
     Started,
@@ -93,12 +94,15 @@ class RtClient:
     async def start(self, context: str | None = None, *, voice: str | None = None,
                     format: str = "opus", sample_rate: int = 48000, frame_ms: int = 20,
                     reply_timeout_s: float | None = 10.0,
-                    request_id: str | None = None) -> ContextStream:
+                    request_id: str | None = None, lexicon: Sequence[LexiconEntry] = (),
+                    speed: float | None = None, text_format: str = "text") -> ContextStream:
         """Open a context (a name is made up when ``context`` is None) and wait for
         `started`; a refusal raises ``ServerError`` (``duplicate_context``,
         ``too_many_contexts``, ``unsupported_format``, ``unknown_voice``, ...).
         ``request_id``: the context's id in the server's replies and logs (your
-        LLM call's, say); the server makes one when it is None."""
+        LLM call's, say); the server makes one when it is None. ``lexicon``,
+        ``speed``, ``text_format``: docs/PROTOCOL-EXTENSIONS.md, "Pronunciation,
+        SSML and speed"."""
         if self.closed:
             raise ConnectionLost(self.close_code, self.close_reason)
         name = context if context is not None else f"c{next(self._names)}"
@@ -108,7 +112,8 @@ class RtClient:
         self._contexts[name] = ctx
         self._recent.pop(name, None)
         message = Start(context=name, voice=voice, format=format, sample_rate=sample_rate,
-                        frame_ms=frame_ms, request_id=request_id)
+                        frame_ms=frame_ms, request_id=request_id, lexicon=tuple(lexicon),
+                        speed=speed, text_format=text_format)
         ctx.times.start_sent_at = self.clock()
         try:
             await self._send(message)

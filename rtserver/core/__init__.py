@@ -8,8 +8,8 @@ audio (``first_heard``), and ``core.admission_first_heard_ms(start)`` the
 same corrected by what listeners reported (``heard``: ``played``), which
 admission compares with its target. Modules, top to bottom
 (``lint-imports``): stream, speech, context, speaker, segments and
-first_heard, inputs and framing and shared, events and stats and words,
-heard.
+first_heard, inputs and framing and shared and pronounce, events and stats
+and words, heard.
 No transport here: the WebSocket server, the HTTP endpoint and ``rtserver say``
 are sinks.
 """
@@ -24,6 +24,7 @@ from rtserver.core.events import (
     Sink,
     SinkClosed,
 )
+from rtserver.core.pronounce import Pronouncer, voice_lexicons
 from rtserver.core.speech import SpeechCore
 from rtserver.core.stats import ServerLoad, VoiceStats
 from rtserver.core.stream import ContextStream, EventQueue, StreamEvent, speak
@@ -36,6 +37,7 @@ __all__ = [
     "EventQueue",
     "Finished",
     "Ledger",
+    "Pronouncer",
     "ServerLoad",
     "Sink",
     "SinkClosed",
@@ -44,4 +46,5 @@ __all__ = [
     "StreamEvent",
     "VoiceStats",
     "speak",
+    "voice_lexicons",
 ]

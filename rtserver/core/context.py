@@ -21,6 +21,7 @@ from rtserver.audio.framer import Framer
 from rtserver.core.events import Finished, Ledger, Sink, SinkClosed
 from rtserver.core.heard import FirstHeard
 from rtserver.core.inputs import ContextInput
+from rtserver.core.pronounce import Pronouncer
 from rtserver.core.segments import SegmentLoop, SegmentQueue
 from rtserver.core.shared import Shared
 from rtserver.core.speaker import Speaker
@@ -37,7 +38,8 @@ class SpeechContext:
     """One context of a core (``SpeechCore.open``) writing into ``sink``."""
 
     def __init__(self, shared: Shared, start: Start, voice: Voice, stats: VoiceStats,
-                 sink: Sink, stream: int = 0, predicted_ms: float | None = None) -> None:
+                 sink: Sink, stream: int = 0, predicted_ms: float | None = None,
+                 pronouncer: Pronouncer | None = None) -> None:
         self.shared = shared
         self.context = start.context
         self.start = start
@@ -47,9 +49,14 @@ class SpeechContext:
                              clock=shared.clock, voice=voice.info.name)
         self.input = ContextInput(start.context, shared.clock, shared.max_text_chars)
         queue = SegmentQueue(shared.max_text_chars, on_idle=self.input.wake)
+        if pronouncer is None:
+            pronouncer = Pronouncer.of(start, voice.info)
         self.segments = SegmentLoop(self.input, queue, shared.segmenter_config,
-                                    shared.hint_config, stats, self.ledger, shared.clock)
-        self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue)
+                                    shared.hint_config, stats, self.ledger, shared.clock,
+                                    ssml=pronouncer.controls if pronouncer.ssml else None,
+                                    voice=voice.info.name, report=self._report)
+        self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue,
+                               pronouncer)
         self.heard_ms = 0.0  # what the listener reported hearing (``played``)
         hist = shared.metrics.time_to_first_heard
         self.first_heard = FirstHeard(  # ``predicted_ms``: admission's, at the start
@@ -147,6 +154,12 @@ class SpeechContext:
             self.outcome = "closed"
             self.shared.load.active -= 1
             self.shared.load.starting.pop(id(self.ledger), None)
+
+    def _report(self, err: RtError) -> None:
+        """An error about the context's input that ends nothing (bad SSML)."""
+        err.context = self.context
+        self.shared.metrics.errors.labels(err.code.value).inc()
+        self.sink.control(error_message(err))
 
     async def _speak(self) -> None:
         await self.speaker.run()

@@ -20,9 +20,13 @@ from collections.abc import Callable
 from rtserver.clock import Clock
 from rtserver.core.events import Ledger
 from rtserver.core.inputs import ContextInput, Input, InputKind
+from rtserver.core.pronounce import check_phonemes
 from rtserver.core.stats import VoiceStats
+from rtserver.errors import RtError
 from rtserver.pacing.hints import HintConfig
 from rtserver.text.segmenter import Segment, Segmenter, SegmenterConfig
+from rtserver.text.ssml import parse_ssml, ssml_segments
+from rtserver.voices.base import SpeechControls
 
 # Extra lead for a starvation release: the event loop, framing and the
 # first network hop (a few ms each on loopback) plus one 20 ms frame.
@@ -88,7 +92,9 @@ class SegmentLoop:
     """Takes ``inputs``, cuts segments into ``queue`` until the end."""
 
     def __init__(self, inputs: ContextInput, queue: SegmentQueue, config: SegmenterConfig,
-                 hints: HintConfig, stats: VoiceStats, ledger: Ledger, clock: Clock) -> None:
+                 hints: HintConfig, stats: VoiceStats, ledger: Ledger, clock: Clock,
+                 *, ssml: SpeechControls | None = None, voice: str = "this voice",
+                 report: Callable[[RtError], None] | None = None) -> None:
         self.inputs = inputs
         self.queue = queue
         self.first_segment_at: float | None = None  # its text was complete (TTFA's start)
@@ -98,11 +104,17 @@ class SegmentLoop:
         self._stats = stats
         self._ledger = ledger
         self._clock = clock
+        self._ssml = ssml  # an SSML context: its voice's controls
+        self._voice = voice
+        self._report = report  # an error about the input that ends nothing
         self._starve_checked = -1  # pending chars at the last starvation release
         # (characters received so far, arrival time) per fragment, until the first segment
         self._arrivals: list[tuple[int, float]] = []
 
     async def run(self) -> None:
+        if self._ssml is not None:
+            await self._run_ssml(self._ssml)
+            return
         segmenter = Segmenter(self._config)
         now = self._clock.now
         while True:
@@ -130,6 +142,36 @@ class SegmentLoop:
                 await self._emit(segmenter.end(t), item)
                 await self.queue.put(None)
                 return
+
+    async def _run_ssml(self, controls: SpeechControls) -> None:
+        """An SSML context: the document is whole at ``end`` (``flush`` changes
+        nothing); then it is parsed and its segments queued
+        (``rtserver.text.ssml``). A document that is not well-formed or that
+        the voice cannot honour is reported (``error`` about the document, as
+        for any bad input) and nothing of it is spoken: the context ends with
+        ``done`` and no audio."""
+        parts: list[str] = []
+        while True:
+            item = await self.inputs.next(None)
+            if item is None or item.kind is InputKind.FLUSH:
+                continue
+            if item.kind is InputKind.TEXT:
+                parts.append(item.text)
+                continue
+            document = "".join(parts)
+            try:
+                items = parse_ssml(document, phonemes=controls.phonemes,
+                                   rate=controls.speed_range is not None, voice=self._voice)
+                segments = ssml_segments(items, self._config, (0, len(document)))
+                check_phonemes(segments, controls, self._voice)
+            except RtError as err:
+                if self._report is None:
+                    raise
+                self._report(err)
+                segments = []
+            await self._emit(segments, item)
+            await self.queue.put(None)
+            return
 
     def _starvation_at(self, segmenter: Segmenter) -> float | None:
         """When to release buffered words so the listener does not run dry.

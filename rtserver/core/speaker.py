@@ -13,12 +13,15 @@ import asyncio
 import contextlib
 import itertools
 
+import numpy as np
+
 from rtserver.audio.framer import Framer
 from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
 from rtserver.core.events import AudioFrames, Ledger, Sink, SinkClosed
 from rtserver.core.first_heard import hint_chunks, queued_ahead_ms
 from rtserver.core.framing import HeardFormat, encode_rate, make_framer
+from rtserver.core.pronounce import Pronouncer
 from rtserver.core.segments import SegmentQueue
 from rtserver.core.shared import Shared
 from rtserver.core.stats import VoiceStats
@@ -44,7 +47,8 @@ class Speaker:
     """Speaks the segments of ``queue`` into ``sink`` (``run``) until the end."""
 
     def __init__(self, shared: Shared, start: Start, voice: Voice, stats: VoiceStats,
-                 sink: Sink, ledger: Ledger, queue: SegmentQueue) -> None:
+                 sink: Sink, ledger: Ledger, queue: SegmentQueue,
+                 pronouncer: Pronouncer | None = None) -> None:
         self.shared = shared
         self.start = start
         self.voice = voice
@@ -52,6 +56,7 @@ class Speaker:
         self.sink = sink
         self.ledger = ledger
         self.queue = queue
+        self.pronouncer = pronouncer or Pronouncer.of(start, voice.info)
         self.rate = encode_rate(voice.info, start)  # audio is framed at this rate
         self.framer = make_framer(start, self.rate, shared.opus_config)
         self.heard = HeardFormat.of(voice.info, self.framer)
@@ -75,6 +80,9 @@ class Speaker:
                 break
             if resampler is None:
                 resampler = Resampler(self.voice.info.sample_rate, self.rate)
+            seg = self.pronouncer.prepare(seg)  # aliases applied: what the client sees
+            if seg.pause_before_ms:
+                await self._silence(seg.pause_before_ms, resampler)
             self.sink.control(SegmentStarted(
                 context=self.start.context, index=seg.index, text=seg.text, source=seg.source,
                 seq=self.ledger.next_seq))
@@ -83,6 +91,8 @@ class Speaker:
             if self.voice.info.word_timing != "model":
                 self._send_estimated_words(seg)
             pending_start = await self._speak(seg, resampler, pending_start)
+            if seg.pause_after_ms:
+                await self._silence(seg.pause_after_ms, resampler)
         tail: list[bytes] = []
         if resampler is not None:
             tail.extend(framer.push(resampler.flush()))
@@ -100,7 +110,8 @@ class Speaker:
         request = SynthesisRequest(
             text=seg.text, request_id=f"{self.start.context}-{next(_request_ids)}",
             first=seg.index == 0, deadline=self._deadline(),
-            marks=self.first_marks if first_audio else None, clock=self.shared.clock)
+            marks=self.first_marks if first_audio else None, clock=self.shared.clock,
+            phonemes=seg.phonemes, speed=seg.speed)
         began = now()
         if first_audio:
             self.first_times = {"began": began}
@@ -151,6 +162,13 @@ class Speaker:
                                         gen_s * 1000.0 / audio_ms if audio_ms else 0.0)
         self.spoken.append(seg.text)
         return pending_start
+
+    async def _silence(self, ms: float, resampler: Resampler) -> None:
+        """``ms`` of silence (an SSML ``<break>``), framed like the voice's audio."""
+        samples = np.zeros(round(ms * self.voice.info.sample_rate / 1000.0), dtype=np.float32)
+        frames = await self._encode(resampler.process(samples))
+        if frames:
+            await self._put(frames, segment_start=False, last=False)
 
     async def _encode(self, pcm: FloatArray) -> list[bytes]:
         """Frame ``pcm``: inline when short, else on the encode threads (libopus

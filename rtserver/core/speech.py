@@ -16,12 +16,14 @@ from rtserver.core.events import Sink
 from rtserver.core.first_heard import predicted_first_heard_ms
 from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.inputs import DEFAULT_MAX_TEXT_CHARS
+from rtserver.core.pronounce import Pronouncer, compile_voice_lexicon
 from rtserver.core.stats import ServerLoad, VoiceStats
-from rtserver.errors import UnknownVoice, UnsupportedFormat
+from rtserver.errors import ConfigError, UnknownVoice, UnsupportedFormat
 from rtserver.metrics import Metrics
 from rtserver.pacing.hints import HintConfig
 from rtserver.pacing.rates import LiveRates, RtfTracker
 from rtserver.protocol.messages import AUDIO_FORMATS, FRAME_MS, SAMPLE_RATES, Start
+from rtserver.text.lexicon import Entry, Lexicon
 from rtserver.text.segmenter import SegmenterConfig
 from rtserver.voices.base import Voice
 
@@ -44,15 +46,24 @@ class SpeechCore:
     voice_stats: dict[str, VoiceStats] = field(default_factory=dict)
     # characters of text one context takes in all ([server] max_text_chars)
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # each voice's own lexicon ([voice] lexicons), by voice name; a context's
+    # ``start.lexicon`` comes before it
+    lexicons: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     # bounded: voices x formats x rates x frame sizes, all finite sets
     _heard: dict[_HeardKey, HeardFormat] = field(default_factory=dict, init=False,
                                                  repr=False)
+    _compiled: dict[str, Lexicon] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.voices:
             raise ValueError("a speech core needs at least one voice")
         for name in self.voices:
             self.stats_for(name)
+        for name, entries in self.lexicons.items():
+            voice = self.voices.get(name)
+            if voice is None:
+                raise ConfigError(f"a lexicon for voice {name!r}, which is not loaded")
+            self._compiled[name] = compile_voice_lexicon(entries, voice.info)
 
     @property
     def default_voice(self) -> str:
@@ -75,8 +86,9 @@ class SpeechCore:
         for options it cannot serve."""
         name, found = self._voice(start, voice)
         predicted = self.predicted_first_heard_ms(start, name)
+        pronouncer = Pronouncer.of(start, found.info, self._compiled.get(name))
         return SpeechContext(self, start, found, self.stats_for(name), sink, stream,
-                             predicted_ms=predicted)
+                             predicted_ms=predicted, pronouncer=pronouncer)
 
     def predicted_first_heard_ms(self, start: Start, voice: str | None = None) -> float:
         """When a listener of a context opened now with ``start`` (on ``voice``,

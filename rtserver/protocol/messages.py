@@ -33,6 +33,8 @@ AUDIO_FORMATS: tuple[str, ...] = ("opus", "pcm_s16le")
 SAMPLE_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)
 FRAME_MS: tuple[int, ...] = (10, 20, 40, 60)
 MAX_CONTEXT_ID_CHARS = 64
+TEXT_FORMATS: tuple[str, ...] = ("text", "ssml")
+SPEED_MIN, SPEED_MAX = 0.5, 2.0
 # A request id (``X-Request-Id``, ``start.request_id``): what headers, JSON and
 # log lines carry as is.
 MAX_REQUEST_ID_CHARS = 128
@@ -47,6 +49,17 @@ def valid_request_id(value: str) -> bool:
 # --- client -> server -------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
+class LexiconEntry:
+    """One ``start.lexicon`` entry, named as in W3C PLS (rtserver.text.lexicon
+    says how it matches)."""
+
+    grapheme: str
+    phoneme: str | None = None
+    alias: str | None = None
+    case_sensitive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Start:
     context: str
     voice: str | None = None
@@ -54,6 +67,10 @@ class Start:
     sample_rate: int = 48000
     frame_ms: int = 20
     request_id: str | None = None  # the client's id for this context (PROTOCOL-EXTENSIONS)
+    # rtserver's (docs/PROTOCOL-EXTENSIONS.md, "Pronunciation, SSML and speed")
+    lexicon: tuple[LexiconEntry, ...] = ()
+    speed: float | None = None
+    text_format: str = "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +145,8 @@ class VoiceCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     control_tokens: tuple[str, ...] = ()  # in-text tokens the model acts on ("[laugh]")
     speed: bool = False  # honours a context's speed
     lora: bool = False  # the voice is a LoRA adapter on its family's base model
+    speed_range: tuple[float, float] | None = None  # (slowest, fastest) when ``speed``
+    phoneme_alphabet: str | None = None  # of lexicon phonemes and <phoneme> ("ipa")
 
 
 class VoiceDescription(msgspec.Struct, frozen=True, kw_only=True):
@@ -283,7 +302,13 @@ def encode_server_message(message: ServerMessage) -> str:
 def encode_client_message(message: ClientMessage) -> str:
     """JSON text frame for a client message (what ``rtserver.client`` sends);
     ``None`` optional fields are left out."""
-    return _dump({"type": _CLIENT_TYPES[type(message)], **_clean(asdict(message))})
+    body = _clean(asdict(message))
+    if isinstance(message, Start):  # rtserver's fields, only when used
+        if not message.lexicon:
+            del body["lexicon"]
+        if message.text_format == "text":
+            del body["text_format"]
+    return _dump({"type": _CLIENT_TYPES[type(message)], **body})
 
 
 def _dump(body: dict[str, Any]) -> str:
@@ -305,6 +330,38 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...],
     if not isinstance(value, kind):
         raise BadMessage(f"field '{name}' has the wrong type", context=_context_of(obj))
     return value
+
+
+def _lexicon(obj: dict[str, Any]) -> tuple[LexiconEntry, ...]:
+    raw = _field(obj, "lexicon", list, required=False, default=[])
+    entries = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise BadMessage(f"lexicon entry {i} is not an object", context=_context_of(obj))
+        try:
+            entries.append(LexiconEntry(
+                grapheme=_field(item, "grapheme", str),
+                phoneme=_field(item, "phoneme", str, required=False),
+                alias=_field(item, "alias", str, required=False),
+                case_sensitive=_field(item, "case_sensitive", bool, required=False,
+                                      default=False)))
+        except BadMessage as exc:
+            raise BadMessage(f"lexicon entry {i}: {exc.message}",
+                             context=_context_of(obj)) from None
+    return tuple(entries)
+
+
+def _speed(obj: dict[str, Any]) -> float | None:
+    value = _field(obj, "speed", (int, float), required=False)
+    if value is None:
+        return None
+    try:
+        speed = float(value)
+    except OverflowError:
+        speed = math.inf
+    if not SPEED_MIN <= speed <= SPEED_MAX:  # NaN fails too
+        raise BadMessage(f"'speed' must be {SPEED_MIN} to {SPEED_MAX}", context=_context_of(obj))
+    return speed
 
 
 def _context_of(obj: dict[str, Any]) -> str | None:
@@ -364,6 +421,14 @@ def _load(data: str) -> Any:
     return obj
 
 
+def _text_format(obj: dict[str, Any]) -> str:
+    value: str = _field(obj, "text_format", str, required=False, default="text")
+    if value not in TEXT_FORMATS:
+        raise BadMessage(f"'text_format' {echo(value)} is not one of {', '.join(TEXT_FORMATS)}",
+                         context=_context_of(obj))
+    return value
+
+
 def parse_client_message(data: str) -> ClientMessage:
     """Parse one text frame; raise ``BadMessage`` naming what is wrong."""
     obj = _load(data)
@@ -380,6 +445,9 @@ def parse_client_message(data: str) -> ClientMessage:
             sample_rate=_field(obj, "sample_rate", int, required=False, default=48000),
             frame_ms=_field(obj, "frame_ms", int, required=False, default=20),
             request_id=_request_id(obj),
+            lexicon=_lexicon(obj),
+            speed=_speed(obj),
+            text_format=_text_format(obj),
         )
     if kind == "text":
         return Text(context=_context(obj), text=_field(obj, "text", str))
@@ -451,6 +519,9 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SAMPLE_RATES",
     "SERVER_MESSAGE_TYPES",
+    "SPEED_MAX",
+    "SPEED_MIN",
+    "TEXT_FORMATS",
     "WORD_TIMING_ESTIMATED",
     "WORD_TIMING_MODEL",
     "AudioFormat",
@@ -462,6 +533,7 @@ __all__ = [
     "End",
     "ErrorMessage",
     "Flush",
+    "LexiconEntry",
     "Limits",
     "Played",
     "Ready",

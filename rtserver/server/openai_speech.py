@@ -29,7 +29,9 @@ Each request is one context of the speech core (``rtserver.core.speak``: this
 endpoint is one more sink of the core, as the WebSocket connection is), so
 the same voices, segmenter, pacing and metrics apply (``rtserver_contexts_total``,
 ``rtserver_ttfa_seconds``, rtf, the running-context count); the PCM frames it yields
-are tempo-changed for ``speed`` and encoded here (``rtserver.audio.encoders``).
+are tempo-changed for ``speed`` (unless the voice speaks at that speed
+itself: its ``controls.speed_range``, e.g. Piper's length scale) and encoded
+here (``rtserver.audio.encoders``).
 
 Same limits, auth and admission as the WebSocket: ``max_text_chars``, the API
 keys and tokens (``http.identify``), ``Gate.start`` and ``Gate.text`` per
@@ -205,6 +207,9 @@ class SpeechRequest:
     model: str = "rtserver"
     ignored: tuple[str, ...] = ()  # request fields accepted and not used
     request_id: str | None = None  # the request-id middleware's (rtserver.server.request_ids)
+    # the voice speaks at ``speed`` itself (its ``controls.speed_range``
+    # holds it): no tempo change afterwards
+    native_speed: bool = False
 
     def cache_key(self) -> PhraseKey:
         # every field that changes the audio; stream_format only wraps it
@@ -235,9 +240,11 @@ def speech_request(body: SpeechBody, app: AppState, voice_map: dict[str, str],
                 "instructions (set [openai] ignore_instructions to speak without them)"),
                 "instructions")
         ignored = ("instructions",)
+    span = app.voices[voice].info.controls.speed_range
+    native = body.speed != 1.0 and span is not None and span[0] <= body.speed <= span[1]
     return SpeechRequest(input=text, voice=voice, response_format=body.response_format,
                          speed=body.speed, stream_format=body.stream_format,
-                         model=body.model, ignored=ignored)
+                         model=body.model, ignored=ignored, native_speed=native)
 
 
 def resolve_voice(requested: str, app: AppState, voice_map: dict[str, str]) -> str | None:
@@ -455,7 +462,8 @@ class SpeechApi:
         entry's limit. Returns the audio's ms and ``keep`` (None when it
         outgrew the limit). The core counts the context (outcome, TTFA, rtf)."""
         encoder = make_encoder(speech.response_format, OPENAI_RATE)
-        tempo = Tempo(OPENAI_RATE, speech.speed) if speech.speed != 1.0 else None
+        tempo = (Tempo(OPENAI_RATE, speech.speed)
+                 if speech.speed != 1.0 and not speech.native_speed else None)
         keep_limit = self.cache.max_entry_bytes  # beyond this it cannot be cached anyway
         kept = 0
 
@@ -492,13 +500,14 @@ class SpeechApi:
         if failure is not None:
             raise failure
         await emit(np.zeros(0, np.float32), last=True)
-        return audio_ms / speech.speed, keep
+        return (audio_ms if speech.native_speed else audio_ms / speech.speed), keep
 
 
 def speech_start(speech: SpeechRequest, context: str) -> Start:
     """The core context of a request: 24 kHz PCM frames, encoded here."""
     return Start(context=context, voice=speech.voice, format="pcm_s16le",
-                 sample_rate=OPENAI_RATE, frame_ms=FRAME_MS)
+                 sample_rate=OPENAI_RATE, frame_ms=FRAME_MS,
+                 speed=speech.speed if speech.native_speed else None)
 
 
 def error_of(message: ErrorMessage) -> RtError:

@@ -13,7 +13,7 @@ import msgspec
 from rtserver import __version__
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.config import Config
-from rtserver.core import ServerLoad, SpeechCore, VoiceStats
+from rtserver.core import ServerLoad, SpeechCore, VoiceStats, voice_lexicons
 from rtserver.metrics import Metrics
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.server.breaker import BreakerState
@@ -65,11 +65,12 @@ class AppState:
         self.core = SpeechCore(self.voices, segmenter_config=cfg.segmenter, hint_config=cfg.hints,
                                opus_config=cfg.opus, metrics=self.metrics, clock=self.clock,
                                encode_pool=self.encode_pool,
-                               max_text_chars=cfg.server.max_text_chars)
+                               max_text_chars=cfg.server.max_text_chars,
+                               lexicons=voice_lexicons(cfg.voice.lexicons, list(self.voices)))
         self.gate.starting = self.core.load.starting_now  # a burst's starts, for admission
-        voices = self.voices
+        served = self.voices
         self.gate.start_limited = lambda name: (
-            name in voices and voices[name].info.parallel_segments > 0)
+            name in served and served[name].info.parallel_segments > 0)
         # one count of running contexts: the hints' load, and the gauge
         self.metrics.contexts.set_function(lambda: self.core.load.active)
         # short names: "<name>" for "<family>:<name>", and "default"

@@ -48,6 +48,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from rtserver.text.lexicon import PhonemeSpan
 from rtserver.text.normalize import Normalizer, NormBuffer
 
 
@@ -58,6 +59,12 @@ class Segment:
     index: int  # 0, 1, 2, ... over emitted segments
     text: str  # normalized text, as spoken
     source: tuple[int, int]  # [start, end) into the raw received text
+    # How it is to be spoken (a lexicon, SSML): IPA for spans of ``text``
+    # (voices that take phonemes), a speed factor, silence before and after.
+    phonemes: tuple[PhonemeSpan, ...] = ()
+    speed: float = 1.0
+    pause_before_ms: float = 0.0
+    pause_after_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,53 @@ import msgspec
 from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.protocol.messages import VoiceCapabilities, VoiceDescription
+from rtserver.text.lexicon import PhonemeSpan
 
 WordTimingKind = Literal["model", "estimated"]
+
+SPEED_RANGE = (0.5, 2.0)  # what ``start.speed`` may ask (docs/PROTOCOL-EXTENSIONS.md)
+SSML_ALWAYS = ("speak", "break", "sub")  # the SSML every voice honours (the core does them)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechControls:
+    """What a voice does with a context's pronunciation and speed requests
+    (issue 29); each family sets its own (``CONTROLS`` in its voice module).
+
+    Lexicon aliases, SSML ``<speak>``, ``<break>`` and ``<sub>`` work for
+    every voice (the core applies them to the text and the audio);
+    the rest depends on the voice.
+    """
+
+    # The phoneme alphabet of lexicon phonemes and SSML ``<phoneme>`` ("ipa"),
+    # "" when the voice takes no phonemes.
+    phoneme_alphabet: str = ""
+    # The phoneme symbols the voice knows (after NFD); empty: not checked.
+    phoneme_symbols: frozenset[str] = frozenset()
+    # ``speed`` the voice honours (``start.speed``, SSML ``<prosody rate>``):
+    # (slowest, fastest), or None when it has no speed control.
+    speed_range: tuple[float, float] | None = None
+
+    @property
+    def phonemes(self) -> bool:
+        return bool(self.phoneme_alphabet)
+
+    def ssml_elements(self) -> tuple[str, ...]:
+        """The SSML elements the voice honours (the core does ``SSML_ALWAYS``)."""
+        return (SSML_ALWAYS + (("phoneme",) if self.phonemes else ())
+                + (("prosody",) if self.speed_range is not None else ()))
+
+    def capabilities(self) -> dict[str, object]:
+        """The capability flags of these features, as ``ready.voice_info`` and
+        ``GET /v1/voices`` list them: ``lexicon`` (entry kinds it honours),
+        ``ssml`` (the elements), ``speed`` ([slowest, fastest] or None)."""
+        ssml = list(self.ssml_elements())
+        return {
+            "lexicon": ["alias", "phoneme"] if self.phonemes else ["alias"],
+            "phoneme_alphabet": self.phoneme_alphabet or None,
+            "ssml": ssml,
+            "speed": list(self.speed_range) if self.speed_range is not None else None,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +90,22 @@ class VoiceInfo:
     # Every language it speaks (BCP 47 or the model's codes); empty: ``language``.
     languages: tuple[str, ...] = ()
 
+    # Lexicon phonemes, SSML and speed (``SpeechControls.capabilities()``).
+    controls: SpeechControls = SpeechControls()
+
     def describe(self) -> VoiceDescription:
-        """The voice as ``ready.voice_info`` and ``GET /v1/voices`` show it."""
+        """The voice as ``ready.voice_info`` and ``GET /v1/voices`` show it: the
+        family's flags (``capabilities``) with what this voice's word timing and
+        controls say (one source for each)."""
+        c = self.controls
+        caps = msgspec.structs.replace(
+            self.capabilities, word_timing=self.word_timing,
+            lexicon=("alias", "phoneme") if c.phonemes else ("alias",),
+            ssml=c.ssml_elements(),
+            speed=c.speed_range is not None, speed_range=c.speed_range,
+            phoneme_alphabet=c.phoneme_alphabet or None)
         return VoiceDescription(family=self.family, languages=self.languages or (self.language,),
-                                sample_rate=self.sample_rate,
-                                capabilities=msgspec.structs.replace(
-                                    self.capabilities, word_timing=self.word_timing))
+                                sample_rate=self.sample_rate, capabilities=caps)
 
 
 class Marks(dict[str, float]):
@@ -88,6 +143,11 @@ class SynthesisRequest:
     marks: Marks | None = None
     # The core's clock: the one a voice reads for marks and deadlines.
     clock: Clock = SYSTEM_CLOCK
+    # IPA for spans of ``text`` (a lexicon, SSML ``<phoneme>``): only for a
+    # voice whose ``controls`` take phonemes, checked against its symbols.
+    phonemes: tuple[PhonemeSpan, ...] = ()
+    # Speaking rate (1: the voice's own), within ``controls.speed_range``.
+    speed: float = 1.0
 
 
 MODEL_OUTPUT_MARK = "model_output"

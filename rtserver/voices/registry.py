@@ -54,6 +54,10 @@ class VoiceSettings:
     threads: int = 0
     # onnxruntime intra-op threads per synthesis call.
     intra_op_threads: int = 1
+    # Pronunciation lexicons (W3C PLS files) of the loaded voices: "VOICE=FILE"
+    # (a voice's full or short name) or "FILE" for every voice; a context's
+    # ``start.lexicon`` comes before them (docs/PROTOCOL-EXTENSIONS.md).
+    lexicons: tuple[str, ...] = ()
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import msgspec
 
 from rtserver.protocol.messages import VoiceCapabilities
+from rtserver.voices.base import SpeechControls
 
 
 class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +40,7 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     parallel_segments: int = 0
     capabilities: VoiceCapabilities = VoiceCapabilities()
     languages: tuple[str, ...] = ()
+    controls: SpeechControls = SpeechControls()
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
@@ -60,6 +62,7 @@ class Synthesize(msgspec.Struct, frozen=True, kw_only=True, tag="synthesize"):
     # the request id of the context it speaks for (rtserver.logs): the
     # worker's log lines about it carry it too
     log_id: str | None = None
+    speed: float = 1.0  # SynthesisRequest.speed
 
 
 class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):

@@ -210,7 +210,8 @@ class WorkerServer:
         # front end's identity too, so two front ends' ids never meet there
         request = SynthesisRequest(text=msg.text, request_id=f"{peer.hex()}/{rid}",
                                    first=msg.first,
-                                   deadline=msg.deadline, marks=marks, clock=SYSTEM_CLOCK)
+                                   deadline=msg.deadline, marks=marks, clock=SYSTEM_CLOCK,
+                                   speed=msg.speed)
         mark_sent = marks is None
         try:
             async with contextlib.aclosing(voice.synthesize(request)) as chunks:

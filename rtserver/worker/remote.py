@@ -444,7 +444,7 @@ class RemoteVoice:
         msg = m.Synthesize(request_id=request.request_id, voice=self._info.name,
                            text=request.text, first=request.first, deadline=deadline,
                            want_marks=request.marks is not None,
-                           log_id=current_request_id())
+                           log_id=current_request_id(), speed=request.speed)
         with self.link.request(msg) as stream:
             while True:
                 item = await stream.get()

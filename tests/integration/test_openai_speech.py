@@ -86,7 +86,10 @@ def test_speed_changes_the_length(server: ServerThread) -> None:
             return len(response.read()) / 2 / 24000
 
     normal, fast = seconds(1.0), seconds(2.0)
-    assert fast == pytest.approx(normal / 2, rel=0.1)
+    # Piper speaks at the speed itself (length scale, issue 29): its phoneme
+    # durations halve, each rounded up to a whole frame, and its pauses
+    # shrink less, so 2x speed is ~0.6-0.65 of the length, not exactly 0.5
+    assert 0.4 * normal < fast < 0.75 * normal, (normal, fast)
 
 
 _greetings = itertools.count(3)

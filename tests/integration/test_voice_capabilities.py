@@ -31,8 +31,10 @@ async def test_ready_and_voices_endpoint_describe_each_voice_alike(server: Serve
     assert joe.languages == ("en_US",)
     caps = joe.capabilities
     assert caps.word_timing == "model"  # its duration predictor times the words (VoiceInfo)
-    assert (caps.lexicon, caps.ssml, caps.control_tokens) == ((), (), ())
-    assert caps.speed is False and caps.lora is False
+    assert caps.lexicon == ("alias", "phoneme") and caps.phoneme_alphabet == "ipa"
+    assert caps.ssml == ("speak", "break", "sub", "phoneme", "prosody")
+    assert caps.control_tokens == ()
+    assert caps.speed is True and caps.speed_range == (0.5, 2.0) and caps.lora is False
     listed = {v["name"]: v for v in (await asyncio.to_thread(get_voices, server))["voices"]}
     entry = listed[VOICE]
     as_json = json.loads(msgspec.json.encode(joe))

@@ -60,3 +60,27 @@ async def test_upstream_download_without_speaker_statistics_names_them(tmp_path:
         assert rt.voice("seed_1").info.name
     finally:
         await rt.release()
+
+
+async def test_a_contexts_speed_reaches_the_speed_token(tmp_path: Path) -> None:
+    """``SynthesisRequest.speed`` becomes ``[speed_N]`` in the engine request."""
+    write_tiny_chattts(tmp_path)
+    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=2, max_len=256,
+                        ignore_eos=True, seeds=(1,))
+    rt = await build_runtime(cfg)
+    voice = rt.voice("seed_1")
+    try:
+        tok = rt.tokenizer
+
+        def head(speed: float) -> tuple[int, ...]:
+            req = voice.token_request(SynthesisRequest(text="Hello world.", request_id="s",
+                                                       speed=speed))
+            assert req is not None
+            return req.prompt_token_ids[:len(tok.encode("[Stts][spk_emb][speed_5]"))]
+
+        assert head(1.0) == tuple(tok.encode("[Stts][spk_emb][speed_5]"))
+        assert head(2.0) == tuple(tok.encode("[Stts][spk_emb][speed_9]"))
+        assert head(0.5) == tuple(tok.encode("[Stts][spk_emb][speed_2]"))
+        assert voice.info.controls.speed_range == (0.5, 2.0)
+    finally:
+        await voice.close()

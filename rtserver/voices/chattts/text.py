@@ -223,3 +223,10 @@ def speed_prompt(speed: int) -> str:
     if not 0 <= speed <= 9:
         raise ValueError(f"speed {speed}: 0..9")
     return f"[speed_{speed}]"
+
+
+def speed_level(configured: int, speed: float) -> int:
+    """The ``[speed_N]`` of a context's ``speed`` (1: the configured level N;
+    2: twice N, ...), rounded, within 0..9. ChatTTS's speed levels are
+    coarse: 0.5 on the default level 5 is ``[speed_2]``, 2.0 is ``[speed_9]``."""
+    return max(0, min(9, round(configured * speed)))

@@ -31,12 +31,16 @@ from rtserver.audio.pcm import PcmChunk
 from rtserver.engine.base import CodeDelta, PromptEmbedding, SamplingSettings, TokenRequest
 from rtserver.errors import ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.base import Vocoder
-from rtserver.voices.base import SynthesisRequest, VoiceInfo
+from rtserver.voices.base import SPEED_RANGE, SpeechControls, SynthesisRequest, VoiceInfo
 from rtserver.voices.chattts import text as ct
 from rtserver.voices.chattts.capabilities import CAPABILITIES
 from rtserver.voices.chattts.config import ChatTTSConfig
 from rtserver.voices.chattts.speaker import decode_speaker, normalised
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
+
+# What ChatTTS does with lexicons, SSML and speed (issue 29): aliases only (no
+# phoneme input), speed through its ``[speed_N]`` prompt token (``speed_level``).
+CONTROLS = SpeechControls(speed_range=SPEED_RANGE)
 
 log = logging.getLogger(__name__)
 
@@ -191,16 +195,18 @@ class ChatTTSRuntime:
                                                   value)
         return out
 
-    def prompt_ids(self, text: str) -> list[int]:
-        """The code prompt of ``text`` (normalised), no refine pass; [] if nothing is left."""
+    def prompt_ids(self, text: str, speed: float = 1.0) -> list[int]:
+        """The code prompt of ``text`` (normalised), no refine pass; [] if nothing is left.
+        ``speed``: a context's speed, scaling the configured ``[speed_N]``."""
         norm = ct.normalise(text, homophones=self.homophones)
-        return self._code_ids(norm) if norm else []
+        return self._code_ids(norm, speed) if norm else []
 
-    def _code_ids(self, text: str) -> list[int]:
+    def _code_ids(self, text: str, speed: float = 1.0) -> list[int]:
         return self.tokenizer.encode(ct.code_prompt(text, prompt=ct.speed_prompt(
-            self.config.speed)))
+            ct.speed_level(self.config.speed, speed))))
 
-    async def refined_prompt_ids(self, text: str, request_id: str) -> list[int]:
+    async def refined_prompt_ids(self, text: str, request_id: str, speed: float = 1.0
+                                 ) -> list[int]:
         """``prompt_ids`` after upstream's refine-text pass (``Chat._refine_text``):
         the GPT rewrites the normalised text with prosody tokens, ids from
         ``[break_0]`` up are dropped (upstream ``i.less(break_0_ids)``), and the
@@ -223,7 +229,7 @@ class ChatTTSRuntime:
         cut = self.tokenizer.token_id("[break_0]")
         kept = [t for t in ids if cut is None or t < cut]
         refined = self.tokenizer.decode(kept).strip()
-        return self._code_ids(refined) if refined else self._code_ids(norm)
+        return self._code_ids(refined or norm, speed)
 
     async def release(self) -> None:
         self._users -= 1
@@ -248,7 +254,7 @@ class ChatTTSVoice:
             name=f"{FAMILY}:{speaker.name}", family=FAMILY, sample_rate=SAMPLE_RATE,
             language="zh", description=f"ChatTTS speaker {speaker.name} ({speaker.source})",
             chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms, capabilities=CAPABILITIES,
-            languages=("zh", "en"))  # upstream's normalizer reads either
+            controls=CONTROLS, languages=("zh", "en"))  # upstream's normalizer reads either
         self._closed = False
 
     @property
@@ -271,7 +277,7 @@ class ChatTTSVoice:
         None when nothing in it is speakable."""
         rt = self._rt
         if ids is None:
-            ids = rt.prompt_ids(request.text)
+            ids = rt.prompt_ids(request.text, request.speed)
         if not ids:
             return None
         room = rt.max_len - len(ids) - 1
@@ -297,7 +303,8 @@ class ChatTTSVoice:
         """``synthesize`` with the step budget capped at ``max_steps``."""
         if self._closed:
             raise EngineFailed("the voice is closed")
-        ids = (await self._rt.refined_prompt_ids(request.text, request.request_id)
+        ids = (await self._rt.refined_prompt_ids(request.text, request.request_id,
+                                                 request.speed)
                if self._rt.config.refine_text else None)
         treq = self.token_request(request, max_steps=max_steps, ids=ids)
         if treq is None:

@@ -1,6 +1,8 @@
 """What Orpheus voices can do (``ready.voice_info``, ``GET /v1/voices``).
 
-One place per family: a feature that lands flips its line here. Orpheus'
+One place per family: a feature that lands flips its line here. Word
+timing, lexicon, SSML and speed are filled in per voice from its
+``VoiceInfo.word_timing`` and ``VoiceInfo.controls`` (``VoiceInfo.describe``). Orpheus'
 emotive tags (``<laugh>``, ``<sigh>``) are not control tokens here: the text
 normalizer strips tags as HTML before the model sees them.
 """
@@ -9,14 +11,10 @@ from __future__ import annotations
 
 import msgspec
 
-from rtserver.protocol.messages import WORD_TIMING_ESTIMATED, VoiceCapabilities
+from rtserver.protocol.messages import VoiceCapabilities
 
 CAPABILITIES = VoiceCapabilities(
-    word_timing=WORD_TIMING_ESTIMATED,  # the codec tokens carry no word boundaries
-    lexicon=(),  # planned: ("alias",)
-    ssml=(),
     control_tokens=(),
-    speed=False,
     lora=False,
 )
 

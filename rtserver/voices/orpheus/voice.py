@@ -63,10 +63,14 @@ from rtserver.engine.quantization import (
 from rtserver.errors import BadAdapter, ConfigError, EngineFailed, UnknownVoice
 from rtserver.vocoder.base import Vocoder, VocoderStream
 from rtserver.vocoder.config import VocoderConfig
-from rtserver.voices.base import SynthesisRequest, VoiceInfo
+from rtserver.voices.base import SpeechControls, SynthesisRequest, VoiceInfo
 from rtserver.voices.orpheus import codes as ot
 from rtserver.voices.orpheus.capabilities import CAPABILITIES, LORA_CAPABILITIES
 from rtserver.voices.token_voice import chunk_timing, mark_model_output, resolve_device
+
+# What Orpheus does with lexicons, SSML and speed (issue 29): aliases only; its
+# model has no phoneme input and no speed control (a ``speed`` is refused).
+CONTROLS = SpeechControls()
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -376,7 +380,7 @@ class OrpheusVoice:
                                description=f"Orpheus TTS {what}{dummy}",
                                chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms,
                                capabilities=LORA_CAPABILITIES if adapter is not None
-                               else CAPABILITIES)
+                               else CAPABILITIES, controls=CONTROLS)
         self._closed = False
         self._open = 0  # streams in flight
         self._retired = False  # a LoRA voice removed: unload its adapter when idle

@@ -1,17 +1,15 @@
 """What Piper voices can do (``ready.voice_info``, ``GET /v1/voices``).
 
-One place per family: a feature that lands flips its line here.
+One place per family: a feature that lands flips its line here. Word
+timing, lexicon, SSML and speed are filled in per voice from its
+``VoiceInfo.word_timing`` and ``VoiceInfo.controls`` (``VoiceInfo.describe``).
 """
 
 from __future__ import annotations
 
-from rtserver.protocol.messages import WORD_TIMING_ESTIMATED, VoiceCapabilities
+from rtserver.protocol.messages import VoiceCapabilities
 
 CAPABILITIES = VoiceCapabilities(
-    word_timing=WORD_TIMING_ESTIMATED,  # spread by characters (planned: the model's durations)
-    lexicon=(),  # planned: ("alias", "phoneme")
-    ssml=(),  # planned: ("break", "sub", "phoneme", "prosody")
     control_tokens=(),
-    speed=False,  # planned: length_scale per context
     lora=False,
 )

@@ -22,7 +22,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator, Callable
+import unicodedata
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,16 @@ import numpy.typing as npt
 from rtserver.audio.pcm import PcmChunk, WordTime
 from rtserver.clock import Clock
 from rtserver.errors import ConfigError, EngineFailed
+from rtserver.text.lexicon import PhonemeSpan
 from rtserver.vocoder.chunking import ChunkConfig, DecodeJob, SeamJoiner
-from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
+from rtserver.voices.base import (
+    MODEL_OUTPUT_MARK,
+    SPEED_RANGE,
+    Marks,
+    SpeechControls,
+    SynthesisRequest,
+    VoiceInfo,
+)
 from rtserver.voices.piper.bf16 import MAX_ERROR_DB, Bf16Decoder, error_db
 from rtserver.voices.piper.blocked import blocked_decoder
 from rtserver.voices.piper.blocked import session_options as blocked_session_options
@@ -57,6 +66,27 @@ DECODER_PRECISIONS = ("float32", "bfloat16")
 T = TypeVar("T")
 log = logging.getLogger("rtserver.piper")
 _arena_lock = threading.Lock()
+
+# What a Piper voice does with lexicons, SSML and speed (issue 29): espeak IPA
+# phonemes (voices phonemized by espeak-ng; ``PiperVoice.info.controls`` has
+# the symbols of its model) and VITS's length scale for speed.
+CONTROLS = SpeechControls(phoneme_alphabet="ipa", speed_range=SPEED_RANGE)
+
+
+def with_phonemes(text: str, spans: Sequence[PhonemeSpan]) -> str:
+    """``text`` with each span replaced by piper's raw-phoneme block
+    ``[[ IPA ]]`` (NFD, as espeak's phonemes are split into symbols):
+    piper-tts's ``phonemize`` puts those phonemes in place of espeak's for
+    the word and keeps the sentence around it as one."""
+    out: list[str] = []
+    pos = 0
+    for span in sorted(spans, key=lambda s: s.start):
+        ipa = unicodedata.normalize("NFD", " ".join(span.phoneme.split()))
+        out += [text[pos:span.start], f"[[{ipa}]]"]
+        pos = span.end
+    out.append(text[pos:])
+    return "".join(out)
+
 _arena: list[bool] = []  # [registered] once tried
 FloatArray = npt.NDArray[np.float32]
 
@@ -256,11 +286,18 @@ class PiperVoice:
         self._decoder_wide = session(decoder, cores) if wide and bf16 is None else None
         plan, cost = hint_plan(self._chunks, rate)
         lang = str(config_dict.get("language", {}).get("code", "en"))
+        espeak = str(getattr(self._piper.config.phoneme_type, "value",
+                             self._piper.config.phoneme_type)) == "espeak"
+        controls = SpeechControls(
+            phoneme_alphabet="ipa" if espeak else "",
+            phoneme_symbols=frozenset(self._piper.config.phoneme_id_map) if espeak
+            else frozenset(),
+            speed_range=SPEED_RANGE)
         self._info = VoiceInfo(
             name=f"piper:{files.name}", family="piper", sample_rate=rate, language=lang,
             description=f"Piper VITS voice {files.name} (decoder {self.decoder_precision})",
             chunk_plan_ms=plan, chunk_cost_ms=cost,
-            parallel_segments=pool.workers, capabilities=CAPABILITIES,
+            parallel_segments=pool.workers, capabilities=CAPABILITIES, controls=controls,
             word_timing="model" if split.durations else "estimated")
 
     @property
@@ -288,8 +325,8 @@ class PiperVoice:
         rate = self._info.sample_rate
         marks = request.marks
         sentence, head, rest, words = await self._submit(
-            self._start, request.text, marks, request.first, deadline, clock, first=request.first,
-            deadline=deadline)
+            self._start, request.text, marks, request.first, deadline, clock, request.phonemes,
+            request.speed, first=request.first, deadline=deadline)
         offset = 0  # samples of the segment before the current sentence
         index = 0  # of the current sentence
         while sentence is not None and head is not None:
@@ -316,21 +353,34 @@ class PiperVoice:
             ids, rest = rest[0], rest[1:]
             at = deadline + offset / rate
             sentence, head = await self._submit(self._front_and_first, ids, None, False, at,
-                                                clock, first=False, deadline=at)
+                                                clock, request.speed, first=False, deadline=at)
 
     async def close(self) -> None:
         return None
 
     # --- in the worker threads ----------------------------------------------
 
-    def _start(self, text: str, marks: Marks | None, first: bool, deadline: float, clock: Clock
+    def phonemes(self, text: str, spans: Sequence[PhonemeSpan] = ()) -> list[list[str]]:
+        """The phonemes of ``text``, one list per sentence; each of ``spans`` is
+        spoken as its IPA instead of espeak's phonemes for it."""
+        return [p for p in self._piper.phonemize(with_phonemes(text, spans)) if p]
+
+    def phoneme_ids(self, text: str, spans: Sequence[PhonemeSpan] = ()) -> list[list[int]]:
+        """The model's phoneme ids of ``text``, one list per sentence (``phonemes``)."""
+        return [self._piper.phonemes_to_ids(p) for p in self.phonemes(text, spans)]
+
+    def _start(self, text: str, marks: Marks | None, first: bool, deadline: float, clock: Clock,
+               spans: Sequence[PhonemeSpan] = (), speed: float = 1.0,
                ) -> tuple[_Sentence | None, FloatArray | None, list[list[str]], WordPlan | None]:
-        """Phonemize the segment, run the first sentence's front and first decode."""
-        sentences = [p for p in self._piper.phonemize(text) if p]
+        """Phonemize the segment, run the first sentence's front and first decode.
+        Word times are planned against espeak's phonemes of each word alone, so
+        a segment with lexicon phonemes may go without them (``_word_plan``)."""
+        sentences = self.phonemes(text, spans)
         if not sentences:
             return None, None, [], None
         words = self._word_plan(text, sentences) if self._split.durations else None
-        sentence, head = self._front_and_first(sentences[0], marks, first, deadline, clock)
+        sentence, head = self._front_and_first(sentences[0], marks, first, deadline, clock,
+                                               speed)
         return sentence, head, sentences[1:], words
 
     def _word_plan(self, text: str, sentences: list[list[str]]) -> WordPlan | None:
@@ -359,7 +409,8 @@ class PiperVoice:
         return plan.sentence_words(index, edges, offset / rate, self._split.hop / rate)
 
     def _front_and_first(self, phonemes: list[str], marks: Marks | None, first: bool,
-                         deadline: float, clock: Clock) -> tuple[_Sentence, FloatArray]:
+                         deadline: float, clock: Clock, speed: float = 1.0,
+                         ) -> tuple[_Sentence, FloatArray]:
         """The sentence's front, its plan and its first decode. The plan is
         eager for a context's first sentence, near for audio needed soon, else
         bulk (``PiperChunking``)."""
@@ -368,8 +419,9 @@ class PiperVoice:
         feed = {
             "input": np.asarray([ids], dtype=np.int64),
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-            "scales": np.asarray([cfg.noise_scale, cfg.length_scale, cfg.noise_w_scale],
-                                 dtype=np.float32),
+            # speed: VITS's length scale stretches every phoneme's duration
+            "scales": np.asarray([cfg.noise_scale, cfg.length_scale / speed,
+                                  cfg.noise_w_scale], dtype=np.float32),
         }
         if cfg.num_speakers > 1:
             feed["sid"] = np.asarray([cfg.default_speaker_id or 0], dtype=np.int64)
