@@ -123,6 +123,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_message_bytes: int
     max_text_chars: int
     max_contexts: int
+    # The connection's input budget (PROTOCOL-EXTENSIONS.md): past it reading
+    # pauses, and a connection held over it for a second is cut off (1008).
+    # None from a server that predates them.
+    messages_per_s: float | None = None
+    input_bytes_per_s: int | None = None
 
 
 WORD_TIMING_MODEL = "model"  # word times from the model's own durations

@@ -166,7 +166,8 @@ class AppState:
             server=server, voices=tuple(self.voices),
             default_voice=self.default_voice,
             voice_info={name: v.info.describe() for name, v in self.voices.items()},
-            limits=Limits(max_message_bytes=s.max_message_bytes,
+            limits=Limits(messages_per_s=s.messages_per_s, input_bytes_per_s=s.input_bytes_per_s,
+                          max_message_bytes=s.max_message_bytes,
                           max_text_chars=s.max_text_chars, max_contexts=s.max_contexts))
 
     def voices_json(self) -> list[dict[str, object]]:

@@ -51,6 +51,30 @@ HOSTILE_RAW = ['"\\ud800"', '"a\\udfffb"', '"\\udbff"', "9" * 4400, "-" + "1" * 
                "NaN", "Infinity", "-Infinity", "[" * 5000 + "]" * 5000,
                '{"a":' * 3000 + "1" + "}" * 3000]
 WINDOW = 64  # messages in flight per connection before waiting for replies
+# Share of the server's input budget (``ready.limits``) a connection sends at:
+# the fuzz tests what hostile *content* does; a rate over the budget is a
+# flood, which the server cuts off by design (tests/integration/test_process_limits.py).
+BUDGET_SHARE = 0.8
+
+
+class Pacer:
+    """Keeps one connection's sends under a message and byte rate (None: no
+    limit): ``wait(size)`` sleeps until the next message of ``size`` bytes fits."""
+
+    def __init__(self, messages_per_s: float | None, bytes_per_s: float | None) -> None:
+        self.messages_per_s, self.bytes_per_s = messages_per_s, bytes_per_s
+        self._t0 = time.perf_counter()
+        self._messages = 0
+        self._bytes = 0
+
+    async def wait(self, size: int) -> None:
+        self._messages += 1
+        self._bytes += size
+        due = max(self._messages / self.messages_per_s if self.messages_per_s else 0.0,
+                  self._bytes / self.bytes_per_s if self.bytes_per_s else 0.0)
+        ahead = due - (time.perf_counter() - self._t0)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
 VICTIM_TEXT = ("This context keeps speaking while its connection is fuzzed, and every one "
                "of its frames must arrive in order.")
 
@@ -114,6 +138,8 @@ async def fuzz_connection(url: str, count: int, seed: int) -> ConnResult:
     stream: int | None = None
     next_seq = 0
 
+    ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
     async def read(ws: Any) -> None:
         nonlocal stream, next_seq
         async for data in ws:
@@ -127,6 +153,8 @@ async def fuzz_connection(url: str, count: int, seed: int) -> ConnResult:
                 continue
             body = json.loads(data)
             kind = body.get("type")
+            if kind == "ready" and not ready.done():
+                ready.set_result(body.get("limits") or {})
             if kind == "started" and body.get("context") == "victim":
                 stream = body["stream"]
             elif kind == "done" and body.get("context") == "victim":
@@ -143,12 +171,19 @@ async def fuzz_connection(url: str, count: int, seed: int) -> ConnResult:
     try:
         async with connect(url, compression=None, max_size=None) as ws:
             reader = asyncio.create_task(read(ws))
+            limits = await asyncio.wait_for(ready, 30)
+            rate_m, rate_b = limits.get("messages_per_s"), limits.get("input_bytes_per_s")
+            pacer = Pacer(rate_m * BUDGET_SHARE if rate_m else None,
+                          rate_b * BUDGET_SHARE if rate_b else None)
             await ws.send(json.dumps({"type": "start", "context": "victim"}))
             await ws.send(json.dumps({"type": "text", "context": "victim",
                                       "text": VICTIM_TEXT[:40]}))
             for n in range(count):
                 await replies.acquire()
-                await ws.send(hostile_message(rng, n))
+                message = hostile_message(rng, n)
+                await pacer.wait(len(message.encode() if isinstance(message, str)
+                                     else message))
+                await ws.send(message)
                 out.sent += 1
                 if n == count // 2:
                     await ws.send(json.dumps({"type": "text", "context": "victim",
