@@ -21,7 +21,6 @@ read folders. ``[orpheus] adapter_root`` confines the folders further.
 
 from __future__ import annotations
 
-import json
 import logging
 from http import HTTPStatus
 
@@ -30,28 +29,16 @@ from fastapi.responses import Response
 
 from rtserver.cache import PhraseCache
 from rtserver.errors import ErrorCode, UnknownVoice
-from rtserver.server.asgi import (
-    BodyTooLarge,
-    RawResponse,
-    Receive,
-    Send,
-    read_body,
-    request_of,
-    send_response,
-)
-from rtserver.server.guards import bearer
+from rtserver.server.asgi import RawResponse, Receive, Send, request_of, send_response
 from rtserver.server.http import HttpRequest, HttpResponse, json_response
+from rtserver.server.key_api import Refused, api_key, bad_request, json_object
 from rtserver.server.state import AppState, voices_json
-from rtserver.server.tokens import match_key
 
 log = logging.getLogger("rtserver.admin")
 
 ADMIN_VOICES_PATH = "/v1/admin/voices"
 MAX_BODY_BYTES = 4096
 
-
-def _error(status: HTTPStatus, code: str, message: str) -> HttpResponse:
-    return json_response(status, {"code": code, "message": message})
 
 
 class AdminApi:
@@ -81,44 +68,33 @@ class AdminApi:
         http = request_of(request.scope)
         return RawResponse(lambda receive, send: self.remove(http, receive, send))
 
-    def _refused(self, request: HttpRequest) -> HttpResponse | None:
-        keys = self.app.config.server.api_keys
-        if not keys:
-            return _error(HTTPStatus.NOT_FOUND, "not_found",
-                          "no API keys are configured: the admin endpoints are off")
-        if match_key(bearer(request.header("authorization")), keys) is None:
-            self.app.metrics.rejected.labels("unauthorized").inc()
-            return _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "an API key is needed")
-        return None
+    def _key(self, request: HttpRequest) -> None:
+        api_key(self.app, request, off="no API keys are configured: the admin endpoints are off",
+                needed="an API key is needed")
 
     async def add(self, request: HttpRequest, receive: Receive, send: Send) -> None:
-        await send_response(send, await self._add(request, receive))
+        try:
+            answer = await self._add(request, receive)
+        except Refused as refused:
+            answer = refused.response()
+        await send_response(send, answer)
 
     async def remove(self, request: HttpRequest, receive: Receive, send: Send) -> None:
-        await send_response(send, await self._remove(request))
+        try:
+            answer = await self._remove(request)
+        except Refused as refused:
+            answer = refused.response()
+        await send_response(send, answer)
 
     async def _add(self, request: HttpRequest, receive: Receive) -> HttpResponse:
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
-        bad = ErrorCode.BAD_MESSAGE.value
-        try:
-            raw = await read_body(receive, MAX_BODY_BYTES)
-            body = json.loads(raw)
-        except BodyTooLarge:
-            return _error(HTTPStatus.BAD_REQUEST, bad, f"body over {MAX_BODY_BYTES} bytes")
-        except ConnectionError:
-            return _error(HTTPStatus.BAD_REQUEST, bad, "client went away")
-        except (ValueError, RecursionError):
-            return _error(HTTPStatus.BAD_REQUEST, bad, "the body is not JSON")
+        self._key(request)
+        body = await json_object(receive, MAX_BODY_BYTES)
         fields = ("name", "adapter", "family", "speaker")
-        if not isinstance(body, dict) or not all(isinstance(body.get(f, ""), str)
-                                                 for f in fields):
-            return _error(HTTPStatus.BAD_REQUEST, bad,
-                          f"the body is a JSON object of strings: {', '.join(fields)}")
+        if not all(isinstance(body.get(f, ""), str) for f in fields):
+            raise bad_request(f"the body is a JSON object of strings: {', '.join(fields)}")
         name, adapter = body.get("name", ""), body.get("adapter", "")
         if not name or not adapter:
-            return _error(HTTPStatus.BAD_REQUEST, bad, "name and adapter are required")
+            raise bad_request("name and adapter are required")
         prefix, sep, short = name.partition(":")
         family = body.get("family", "") or (prefix if sep else "")
         makers = self.app.makers
@@ -127,17 +103,17 @@ class AdminApi:
         maker = makers.get(family)
         if maker is None or (sep and prefix != family):
             have = ", ".join(makers) or "none (LoRA voices are off, or served by a GPU worker)"
-            return _error(HTTPStatus.BAD_REQUEST, ErrorCode.UNKNOWN_VOICE.value,
+            raise Refused(HTTPStatus.BAD_REQUEST, ErrorCode.UNKNOWN_VOICE.value,
                           f"family {family or '(none given)'!r} does not make voices here; "
                           f"families that do: {have}")
         short = short if sep else name
         if f"{family}:{short}" in self.app.voices:
-            return _error(HTTPStatus.CONFLICT, ErrorCode.UNKNOWN_VOICE.value,
+            raise Refused(HTTPStatus.CONFLICT, ErrorCode.UNKNOWN_VOICE.value,
                           f"voice {family}:{short} exists; remove it first")
         try:
             voice = await maker.add(short, adapter, body.get("speaker") or None)
         except UnknownVoice as exc:
-            return _error(HTTPStatus.BAD_REQUEST, exc.code.value, exc.message)
+            raise Refused(HTTPStatus.BAD_REQUEST, exc.code.value, exc.message) from None
         full = voice.info.name
         if full not in self.app.voices:  # (a GPU worker's news may have brought it already)
             self.app.add_voice(voice)
@@ -146,20 +122,18 @@ class AdminApi:
         return json_response(HTTPStatus.CREATED, {"voice": entry})
 
     async def _remove(self, request: HttpRequest) -> HttpResponse:
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
+        self._key(request)
         name = request.query_param("name")
         name = self.app.voice_aliases.get(name, name)
         family, _, short = name.partition(":")
         maker = self.app.makers.get(family)
         if name in self.configured or name not in self.app.voices or maker is None:
-            return _error(HTTPStatus.NOT_FOUND, ErrorCode.UNKNOWN_VOICE.value,
+            raise Refused(HTTPStatus.NOT_FOUND, ErrorCode.UNKNOWN_VOICE.value,
                           f"no voice {name[:80]!r} was added at run time")
         try:
             await maker.remove(short)
         except UnknownVoice as exc:
-            return _error(HTTPStatus.NOT_FOUND, exc.code.value, exc.message)
+            raise Refused(HTTPStatus.NOT_FOUND, exc.code.value, exc.message) from None
         self.app.remove_voice(name)
         if self.cache is not None:
             self.cache.drop_voice(name)

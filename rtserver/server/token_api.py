@@ -10,36 +10,20 @@ configured API keys there is nothing to protect and the endpoint answers 404.
 
 from __future__ import annotations
 
-import json
 import time
 from http import HTTPStatus
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from rtserver.server.asgi import (
-    BodyTooLarge,
-    RawResponse,
-    Receive,
-    Send,
-    read_body,
-    request_of,
-    send_response,
-)
-from rtserver.server.guards import bearer
-from rtserver.server.http import HttpRequest, json_response
+from rtserver.server.asgi import RawResponse, Receive, Send, request_of, send_response
+from rtserver.server.http import HttpRequest, HttpResponse, json_response
+from rtserver.server.key_api import Refused, api_key, bad_request, json_object
 from rtserver.server.state import AppState
-from rtserver.server.tokens import SCOPE_STREAM, SCOPES, key_id, match_key, mint
+from rtserver.server.tokens import SCOPE_STREAM, SCOPES, key_id, mint
 
 TOKENS_PATH = "/v1/tokens"
 MAX_BODY_BYTES = 4096
-
-
-def _error(status: HTTPStatus, message: str) -> Any:
-    return json_response(status, {"code": "bad_message" if status == HTTPStatus.BAD_REQUEST
-                                  else status.phrase.lower().replace(" ", "_"),
-                                  "message": message})
 
 
 class TokenApi:
@@ -61,38 +45,25 @@ class TokenApi:
         return RawResponse(lambda receive, send: self.mint(http, receive, send))
 
     async def mint(self, request: HttpRequest, receive: Receive, send: Send) -> None:
-        await send_response(send, await self._answer(request, receive))
+        try:
+            answer = await self._answer(request, receive)
+        except Refused as refused:
+            answer = refused.response()
+        await send_response(send, answer)
 
-    async def _answer(self, request: HttpRequest, receive: Receive) -> Any:
-        keys = self.app.config.server.api_keys
+    async def _answer(self, request: HttpRequest, receive: Receive) -> HttpResponse:
         adm = self.app.config.admission
-        if not keys:
-            return _error(HTTPStatus.NOT_FOUND, "no API keys are configured: no tokens needed")
-        key = match_key(bearer(request.header("authorization")), keys)
-        if key is None:
-            self.app.metrics.rejected.labels("unauthorized").inc()
-            return _error(HTTPStatus.UNAUTHORIZED, "an API key is needed to mint tokens")
-        try:
-            raw = await read_body(receive, MAX_BODY_BYTES)
-        except BodyTooLarge:
-            return _error(HTTPStatus.BAD_REQUEST, f"body over {MAX_BODY_BYTES} bytes")
-        except ConnectionError:
-            return _error(HTTPStatus.BAD_REQUEST, "client went away")
-        try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (ValueError, RecursionError):
-            return _error(HTTPStatus.BAD_REQUEST, "the body is not JSON")
-        if not isinstance(body, dict):
-            return _error(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        key = api_key(self.app, request, off="no API keys are configured: no tokens needed",
+                      needed="an API key is needed to mint tokens")
+        body = await json_object(receive, MAX_BODY_BYTES, empty=True)
         ttl = body.get("ttl_s", adm.token_ttl_s)
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) \
                 or not 1 <= ttl <= adm.token_max_ttl_s:
-            return _error(HTTPStatus.BAD_REQUEST,
-                          f"ttl_s must be a number from 1 to {adm.token_max_ttl_s:g}")
+            raise bad_request(f"ttl_s must be a number from 1 to {adm.token_max_ttl_s:g}")
         scope = body.get("scope", [SCOPE_STREAM])
         if not (isinstance(scope, list) and scope
                 and all(isinstance(s, str) and s in SCOPES for s in scope)):
-            return _error(HTTPStatus.BAD_REQUEST, f"scope must be a list of {', '.join(SCOPES)}")
+            raise bad_request(f"scope must be a list of {', '.join(SCOPES)}")
         now = time.time()
         token, claims = mint(self.app.gate.secret, key_id(key), scope, float(ttl), now)
         return json_response(HTTPStatus.OK, {
