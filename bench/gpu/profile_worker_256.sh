@@ -8,26 +8,7 @@ T0=$(date +%s)
 bash .gpu/srv/recv.sh 0 >/dev/null && bash .gpu/srv/install.sh | tail -1
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
-cat > /tmp/ct.toml <<'T'
-[voice]
-default = "chattts:seed_1"
-[chattts]
-asset_dir = "/tmp/ck"
-device = "cuda"
-slots = 512
-max_len = 1536
-ignore_eos = true
-budget_base_s = 0.3
-budget_s_per_char = 0.07
-budget_s_per_cjk = 0.25
-[admission]
-connections_per_minute = 0
-contexts_per_minute = 0
-chars_per_minute = 0
-first_heard_target_ms = 0
-[gpu]
-metrics_port = 9100
-T
+cp bench/gpu/chattts_worker.toml /tmp/ct.toml
 RUN=$(mktemp -d); EP=ipc://$RUN/gpu0.sock; L=/tmp/p; mkdir -p $L
 python3 -m rtserver worker --config /tmp/ct.toml --endpoint $EP > $L/worker.log 2>&1 & WPID=$!
 until grep -qs "ready on" $L/worker.log; do kill -0 $WPID || { tail $L/worker.log; exit 1; }; sleep 1; done

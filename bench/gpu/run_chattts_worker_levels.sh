@@ -10,27 +10,8 @@ T0=$(date +%s)
 bash .gpu/srv/recv.sh 0 >/dev/null && bash .gpu/srv/install.sh | tail -1
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
-cat > /tmp/ct.toml <<T
-[voice]
-default = "chattts:seed_1"
-[chattts]
-asset_dir = "/tmp/ck"
-device = "cuda"
-slots = 512
-max_len = 1536
-ignore_eos = true
-budget_base_s = 0.3
-budget_s_per_char = 0.07
-budget_s_per_cjk = 0.25
-${CHATTTS_EXTRA:-}
-[admission]
-connections_per_minute = 0
-contexts_per_minute = 0
-chars_per_minute = 0
-first_heard_target_ms = 0
-[gpu]
-metrics_port = 9100
-T
+# the shared config, with CHATTTS_EXTRA (one `key = value` line) added to its [chattts] table
+sed "/^\[chattts\]/a ${CHATTTS_EXTRA:-# no extra}" bench/gpu/chattts_worker.toml > /tmp/ct.toml
 ( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $OUT/worker-metrics.txt ) & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $OUT/gpu-util.txt ) & N=$!
 CONFIG=/tmp/ct.toml VOICE=chattts:seed_1 FRONTENDS=${FRONTENDS:-4} O=/tmp/fe T_START=$T0 \
