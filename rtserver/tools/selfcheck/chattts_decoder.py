@@ -75,8 +75,8 @@ def _time(dec: ChatTTSWindowDecoder, windows: list[StepWindow], repeats: int) ->
     return statistics.median(ms)
 
 
-def _lane_check(main: ChatTTSWindowDecoder, route: Route, *, busy_batch: int, repeats: int
-                ) -> dict[str, Any]:
+def _lane_check(main: ChatTTSWindowDecoder, route: Route, *, busy_batch: int, busy_steps: int,
+                repeats: int) -> dict[str, Any]:
     """The first lane (CUDA graphs): its output vs the main lane's for the same
     first-chunk window, and ms of a first chunk idle, on the lane while another
     thread keeps the main lane busy with ``busy_batch`` steady windows, and the
@@ -87,7 +87,7 @@ def _lane_check(main: ChatTTSWindowDecoder, route: Route, *, busy_batch: int, re
     if lane is None:
         return {"available": False}
     first = _windows(route, 1, FIRST_STEPS, seed=7)
-    busy = _windows(route, busy_batch, STEADY_STEPS, seed=8)
+    busy = _windows(route, busy_batch, busy_steps, seed=8)  # a captured shape
     out: dict[str, Any] = {"available": True,
                            "lane_vs_main_db": round(_compare(lane.decode(first),
                                                              main.decode(first)), 1),
@@ -149,7 +149,8 @@ def run(device: str, batches: list[int], route: Route, repeats: int,
                     row[f"stream_s_per_gpu_s_{k}"] = round(audio_s / (row[f"{k}_ms"] / 1e3), 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    lane_info = _lane_check(graphs, route, busy_batch=min(64, max(batches)), repeats=repeats)
+    lane_info = _lane_check(graphs, route, busy_batch=min(64, max(batches)),
+                            busy_steps=max(steady_steps), repeats=repeats)
     print(json.dumps({"first_lane": lane_info}), flush=True)
     info: dict[str, Any] = {
         "first_lane": lane_info,
