@@ -101,6 +101,18 @@ class BatcherStats:
         return replace(self, call_sizes=dict(self.call_sizes))
 
 
+def device_batcher_config(cuda: bool, *, max_batch: int, max_batch_frames: int,
+                          max_pad_fraction: float, hold_s: float) -> BatcherConfig:
+    """A vocoder's batcher settings, a negative ``max_pad_fraction`` or
+    ``hold_s`` meaning the device's default: on CUDA calls are launch-bound, so
+    pad freely (4.0) and hold later chunks 40 ms; on the CPU cost follows
+    frames, so pad little (0.25) and never hold."""
+    return BatcherConfig(
+        max_batch=max_batch, max_batch_frames=max_batch_frames,
+        max_pad_fraction=max_pad_fraction if max_pad_fraction >= 0 else (4.0 if cuda else 0.25),
+        hold_s=hold_s if hold_s >= 0 else (0.04 if cuda else 0.0))
+
+
 def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]:
     """Split indices into decoder calls: sorted by length, bounded waste and size."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)

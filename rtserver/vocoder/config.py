@@ -63,14 +63,8 @@ class VocoderConfig:
                            crossfade_samples=self.crossfade_samples)
 
     def batcher_config(self, device: str) -> BatcherConfig:
-        from rtserver.vocoder.batcher import BatcherConfig
+        from rtserver.vocoder.batcher import device_batcher_config
 
-        cuda = device.startswith("cuda")
-        pad = self.max_pad_fraction
-        if pad < 0:
-            pad = 4.0 if cuda else 0.25
-        hold = self.hold_s
-        if hold < 0:
-            hold = 0.04 if cuda else 0.0
-        return BatcherConfig(max_batch=self.max_batch, max_batch_frames=self.max_batch_frames,
-                             max_pad_fraction=pad, hold_s=hold)
+        return device_batcher_config(device.startswith("cuda"), max_batch=self.max_batch,
+                                     max_batch_frames=self.max_batch_frames,
+                                     max_pad_fraction=self.max_pad_fraction, hold_s=self.hold_s)

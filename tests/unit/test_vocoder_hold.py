@@ -95,3 +95,15 @@ async def test_a_window_that_may_not_wait_takes_the_held_ones_along() -> None:
         assert dec.calls == [[2, 2]]
     finally:
         await batcher.close()
+
+
+def test_device_defaults_hold_on_cuda_only_and_keep_what_is_set() -> None:
+    from rtserver.vocoder.batcher import device_batcher_config
+
+    def cfg(cuda: bool, pad: float, hold: float) -> BatcherConfig:
+        return device_batcher_config(cuda, max_batch=8, max_batch_frames=64,
+                                     max_pad_fraction=pad, hold_s=hold)
+
+    assert (cfg(True, -1, -1).max_pad_fraction, cfg(True, -1, -1).hold_s) == (4.0, 0.04)
+    assert (cfg(False, -1, -1).max_pad_fraction, cfg(False, -1, -1).hold_s) == (0.25, 0.0)
+    assert (cfg(True, 0.5, 0.0).max_pad_fraction, cfg(True, 0.5, 0.0).hold_s) == (0.5, 0.0)

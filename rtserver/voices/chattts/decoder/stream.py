@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from rtserver.errors import EngineFailed
 from rtserver.vocoder.batched import BatchedVocoder
-from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
+from rtserver.vocoder.batcher import DecodeBatcher, device_batcher_config
 from rtserver.vocoder.planned_stream import PlannedStream
 from rtserver.voices.chattts.decoder.checkpoint import Route, load_audio_models, random_audio_models
 from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
@@ -48,16 +48,11 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         self.samples_per_step: int = STEP_SAMPLES
         self.width: int = decoder.width
         self.codebook_size: int = decoder.dims.vq.codebook_size
-        cuda = decoder.device.type == "cuda"
-        pad = self.config.max_pad_fraction
-        if pad < 0:
-            pad = 4.0 if cuda else 0.25
-        hold = self.config.hold_s
-        if hold < 0:
-            hold = 0.04 if cuda else 0.0
-        super().__init__(DecodeBatcher(decoder, BatcherConfig(
-            max_batch=self.config.max_batch, max_batch_frames=self.config.max_batch_frames,
-            max_pad_fraction=pad, hold_s=hold)), self.config.chunk_config())
+        c = self.config
+        super().__init__(DecodeBatcher(decoder, device_batcher_config(
+            decoder.device.type == "cuda", max_batch=c.max_batch,
+            max_batch_frames=c.max_batch_frames, max_pad_fraction=c.max_pad_fraction,
+            hold_s=c.hold_s)), c.chunk_config())
 
     @classmethod
     def load(cls, root: Path | None, *, route: str | None = None, dummy: bool = False,
