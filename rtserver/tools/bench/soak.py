@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtserver.client import RtClient, RtClientError, SeqGapError
+from rtserver.client import RtClient, RtClientError, SeqGapError, ServerError
 from rtserver.tools.bench.corpus import fragments, select, token_offsets
 from rtserver.tools.bench.listener import simulate
 
@@ -54,6 +54,7 @@ class Totals:
     seq_gaps: int = 0
     underran: int = 0
     reconnects: int = 0
+    refused: int = 0  # starts refused with a retry_after_ms, retried after it (as a client does)
     errors: dict[str, int] = field(default_factory=dict)
     ttfa_ms: list[float] = field(default_factory=list)  # done.ttfa_ms (server)
     failures: list[str] = field(default_factory=list)
@@ -87,7 +88,15 @@ async def one_turn(client: RtClient, rng: random.Random, totals: Totals, bargein
     utt = rng.choice(select("en"))
     pieces = fragments(utt.text, "word")
     offsets = token_offsets(len(pieces), TOKENS_PER_S, 0.3, rng)
-    ctx = await client.start(f"t{n}")
+    while True:
+        try:
+            ctx = await client.start(f"t{n}")
+            break
+        except ServerError as exc:  # admission's refusal: retry after the server's delay
+            if exc.error.retry_after_ms is None:
+                raise
+            totals.refused += 1
+            await asyncio.sleep(exc.error.retry_after_ms / 1000)
     t0 = time.monotonic()
     for piece, at in zip(pieces, offsets, strict=True):
         delay = t0 + at - time.monotonic()
@@ -131,9 +140,10 @@ async def one_turn(client: RtClient, rng: random.Random, totals: Totals, bargein
 
 
 async def user(url: str, index: int, deadline: float, totals: Totals, bargein_every: int,
-               reconnect_every: int) -> None:
+               reconnect_every: int, delay_s: float = 0.0) -> None:
     rng = random.Random(index)
     n = 0
+    await asyncio.sleep(delay_s)  # users arrive spread out, as in the steady bench
     while time.monotonic() < deadline:
         try:
             async with RtClient.connect(url) as client:
@@ -153,7 +163,7 @@ async def user(url: str, index: int, deadline: float, totals: Totals, bargein_ev
 
 
 async def soak(url: str, pid: int, streams: int, duration_s: float, sample_s: float,
-               bargein_every: int, reconnect_every: int,
+               bargein_every: int, reconnect_every: int, stagger_s: float = 0.0,
                progress: Any = print) -> tuple[Totals, list[Sample]]:
     totals = Totals()
     samples: list[Sample] = []
@@ -167,12 +177,13 @@ async def soak(url: str, pid: int, streams: int, duration_s: float, sample_s: fl
                                   threads, totals.turns, totals.lost_frames))
             progress(f"t={samples[-1].t_s:.0f}s rss={rss:.1f}MB fds={fds} threads={threads} "
                      f"turns={totals.turns} lost={totals.lost_frames} "
-                     f"underran={totals.underran}")
+                     f"underran={totals.underran} refused={totals.refused}")
             await asyncio.sleep(sample_s)
 
     sampling = asyncio.create_task(sampler())
     try:
-        await asyncio.gather(*(user(url, i, deadline, totals, bargein_every, reconnect_every)
+        await asyncio.gather(*(user(url, i, deadline, totals, bargein_every, reconnect_every,
+                                    delay_s=stagger_s * i / streams)
                                for i in range(streams)))
     finally:
         sampling.cancel()
@@ -213,8 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=120.0)
     p.add_argument("--bargein-every", type=int, default=7)
     p.add_argument("--reconnect-every", type=int, default=5)
+    p.add_argument("--stagger-s", type=float, default=8.0,
+                   help="users arrive evenly over this many seconds (the steady bench's 8)")
     p.add_argument("--rss-growth-mb", type=float, default=20.0,
                    help="the most RSS may grow after warm-up for a pass")
+    p.add_argument("--rss-slope-mb-h", type=float, default=2.0,
+                   help="the steepest RSS slope after warm-up (MB an hour) for a pass "
+                        "(issue 27's bound)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     server = None
@@ -231,14 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         totals, samples = asyncio.run(soak(url, pid, args.streams, args.duration_s,
                                            args.sample_s, args.bargein_every,
-                                           args.reconnect_every,
+                                           args.reconnect_every, args.stagger_s,
                                            progress=lambda m: print(m, flush=True)))
     finally:
         code = server.stop(grace_s=30.0) if server is not None else None
     rss = rss_verdict(samples, args.warmup_s)
     fds = [s.fds for s in samples if s.t_s >= args.warmup_s] or [s.fds for s in samples]
     passed = (totals.lost_frames == 0 and totals.seq_gaps == 0 and totals.failed == 0
-              and rss["growth_mb"] <= args.rss_growth_mb)
+              and not totals.errors and rss["growth_mb"] <= args.rss_growth_mb
+              and rss["slope_mb_per_hour"] <= args.rss_slope_mb_h)
     ttfa = sorted(totals.ttfa_ms)
 
     def pct(q: float) -> float:
@@ -264,13 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         f"- {args.streams} users, each a real-time stream (speak, listen, speak again), "
         f"for {args.duration_s:.0f} s; every {args.bargein_every}th turn cancelled 0.8 s "
         f"after its `end` (unless done by then), a new connection every "
-        f"{args.reconnect_every} turns",
+        f"{args.reconnect_every} turns; users arrived evenly over {args.stagger_s:g} s and "
+        "retried a refused start after its `retry_after_ms`",
         "", "| turns | done | cancelled | failed | frames | lost frames | seq gaps "
-        "| listeners underran | reconnects |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| listeners underran | reconnects | starts refused (retried) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {totals.turns} | {totals.done} | {totals.cancelled} | {totals.failed} | "
         f"{totals.frames} | {totals.lost_frames} | {totals.seq_gaps} | {totals.underran} | "
-        f"{totals.reconnects} |", "",
+        f"{totals.reconnects} | {totals.refused} |", "",
         f"Server TTFA (done.ttfa_ms): p50 {pct(0.5):.0f} ms, p95 {pct(0.95):.0f} ms, "
         f"p99 {pct(0.99):.0f} ms over {len(ttfa)} contexts.", "",
         f"RSS after {args.warmup_s:.0f} s of warm-up: first quarter {rss['first_quarter_mb']} "
@@ -278,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         f"slope {rss['slope_mb_per_hour']} MB/hour); open fds {min(fds)}-{max(fds)}; "
         f"server exit code {code}.", "",
         f"Errors: {totals.errors or 'none'}; failures: {totals.failures[:5] or 'none'}.", "",
-        f"Verdict: {'PASS' if passed else 'FAIL'} (zero lost frames, no failed turn, RSS "
-        f"growth after warm-up <= {args.rss_growth_mb:g} MB).", "",
+        f"Verdict: {'PASS' if passed else 'FAIL'} (zero lost frames, no failed turn, no "
+        f"error, RSS growth after warm-up <= {args.rss_growth_mb:g} MB and slope <= "
+        f"{args.rss_slope_mb_h:g} MB/hour).", "",
         "## Samples", "", "| t s | RSS MB | fds | threads | turns | lost |",
         "|---:|---:|---:|---:|---:|---:|",
         *[f"| {s.t_s:.0f} | {s.rss_mb} | {s.fds} | {s.threads} | {s.turns} | "
@@ -291,7 +310,42 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(body, indent=2))
         (args.out / "summary.md").write_text(text)
+        from rtserver.tools.bench import plots
+        if plots.available():
+            print(f"plot: {plot_soak(samples, args.warmup_s, rss, args.out / 'soak.png')}")
+        else:
+            print(plots.NO_MATPLOTLIB)
     return 0 if passed else 1
+
+
+def plot_soak(samples: list[Sample], warmup_s: float, rss: dict[str, float],
+              path: Path) -> Path:
+    """RSS, open fds and turns against time, the warm-up shaded (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = [s.t_s / 3600 for s in samples]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    a1.plot(hours, [s.rss_mb for s in samples], color="tab:blue", label="server RSS (MB)")
+    a1.axvspan(0, warmup_s / 3600, color="0.9", label="warm-up")
+    a1.set_ylabel("RSS (MB)")
+    a1.set_title(f"Soak: RSS after warm-up {rss['first_quarter_mb']} -> "
+                 f"{rss['last_quarter_mb']} MB, slope {rss['slope_mb_per_hour']} MB/hour")
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    a2.plot(hours, [s.turns for s in samples], color="tab:green", label="turns")
+    a2.set_ylabel("turns (cumulative)")
+    a2.set_xlabel("hours")
+    a2.grid(alpha=0.3)
+    ax = a2.twinx()
+    ax.plot(hours, [s.fds for s in samples], color="tab:orange", label="open fds")
+    ax.set_ylabel("open fds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
