@@ -219,6 +219,10 @@ class GpuConfig:
     # > 0: the GPU worker serves /metrics (its engines' metrics and its load)
     # on this port; under the supervisor, worker j on metrics_port + j.
     metrics_port: int = 0
+    # A folder: SIGUSR1 to the worker starts a GPU timeline (torch profiler
+    # traces of the worker and of the engines that can, rtserver/worker/
+    # profile.py), SIGUSR2 stops it and writes them here; "": off.
+    profile_dir: str = ""
 
 
 # The voice names of OpenAI's speech API (its API reference, POST /audio/speech).

@@ -271,6 +271,18 @@ class LoraEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class ProfiledEngine(Protocol):
+    """An engine that records a GPU timeline of its own process on demand
+    (vLLM's EngineCore: torch profiler traces in its ``profile_dir``)."""
+
+    async def start_profile(self) -> None: ...
+
+    async def stop_profile(self) -> None:
+        """Stop recording and write the trace."""
+        ...
+
+
 # One id per step (Orpheus on vLLM): deltas are the engine's own id sequences.
 SingleCodebookEngine = TokenEngine[Sequence[int]]
 # Several ids per step and, on request, hidden states (ChatTTS).

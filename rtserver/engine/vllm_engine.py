@@ -107,6 +107,9 @@ class VllmEngineConfig:
     max_loras: int = 0
     max_lora_rank: int = 64  # the largest adapter rank (vLLM: 1, 8, 16, 32, 64, 128, ...)
     max_adapters: int = 32  # adapters kept loaded at once (vLLM max_cpu_loras)
+    # A folder: EngineCore records torch profiler traces there between
+    # start_profile and stop_profile (GPU timelines, issue 24); "": off.
+    profile_dir: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,12 +349,33 @@ class VllmEngine:
             scheduling_policy="priority" if c.priority_scheduling else "fcfs",
             tensor_parallel_size=c.tensor_parallel_size,
             stream_interval=c.stream_interval,
+            **self._profiler_args(),
             # Stats reach us through our StatLoggerBase; vLLM's own periodic
             # log lines stay off.
             disable_log_stats=True,
             enable_log_requests=c.log_requests,
             **kwargs,
         )
+
+    def _profiler_args(self) -> dict[str, Any]:
+        if not self.config.profile_dir:
+            return {}
+        from vllm.config import ProfilerConfig
+
+        # the engine core only: the worker records its own process itself
+        # (rtserver/worker/profile.py), with CUDA kernels, which vLLM's
+        # frontend profiler leaves out (CPU activity only)
+        return {"profiler_config": ProfilerConfig(
+            profiler="torch", torch_profiler_dir=self.config.profile_dir,
+            torch_profiler_with_stack=False, ignore_frontend=True)}
+
+    async def start_profile(self) -> None:
+        if self._llm is not None and self.config.profile_dir:
+            await self._llm.start_profile()
+
+    async def stop_profile(self) -> None:
+        if self._llm is not None and self.config.profile_dir:
+            await self._llm.stop_profile()
 
     def quantization(self) -> str | None:
         """vLLM's ``quantization`` argument: None leaves the choice to vLLM (no

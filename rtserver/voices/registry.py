@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
+from rtserver.engine.base import ProfiledEngine
 from rtserver.errors import ConfigError, UnknownVoice
 from rtserver.voices.base import Voice, VoiceMaker
 
@@ -76,6 +77,8 @@ class FamilyVoices:
     engine_dead: Callable[[], str | None] | None = None
     # makes voices at run time (LoRA adapters), when the family can
     maker: VoiceMaker | None = None
+    # engines that record a GPU timeline of their own process on demand
+    profiled: list[ProfiledEngine] = field(default_factory=list)
 
 
 # loader(specs, the family's section (None without one), [voice], progress)
@@ -180,6 +183,8 @@ class VoiceSet:
     releases: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # each configured spec -> the name of its voice
     by_spec: dict[str, str] = field(default_factory=dict)
+    # the engines that record GPU timelines of their own processes (vLLM)
+    profiled: list[ProfiledEngine] = field(default_factory=list)
     # voice name -> its family's ``engine_dead`` probe
     probes: dict[str, Callable[[], str | None]] = field(default_factory=dict)
 
@@ -228,6 +233,7 @@ async def load_voices(settings: VoiceSettings, sections: Mapping[str, object],
             if loaded.release is not None:
                 out.releases.append(loaded.release)
             out.collectors += loaded.collectors
+            out.profiled += loaded.profiled
             out.warm_up_via += loaded.warm_up_via
             if loaded.maker is not None:
                 out.makers[name] = loaded.maker

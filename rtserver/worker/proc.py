@@ -58,6 +58,7 @@ from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voi
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
 from rtserver.worker.placement import capacity_of, split_specs
+from rtserver.worker.profile import WorkerProfile
 from rtserver.worker.sockets import sent_now
 
 log = logging.getLogger("rtserver.worker")
@@ -411,6 +412,8 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
                               makers=voice_set.makers)
 
         metrics = serve_metrics(config, voice_set, server)
+        if config.gpu.profile_dir:
+            WorkerProfile(config.gpu.profile_dir, voice_set.profiled).install(loop)
 
         def listening() -> None:
             say(f"ready on {endpoint} (epoch {server.epoch}, capacity "

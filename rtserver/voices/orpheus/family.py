@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rtserver.engine.base import ProfiledEngine
 from rtserver.errors import ConfigError, UnknownVoice
 from rtserver.voices.base import Voice
 from rtserver.voices.orpheus.voice import FAMILY as NAME
@@ -65,7 +66,8 @@ async def _load_family(specs: Sequence[str], section: object, settings: VoiceSet
         collectors=[EngineCollector(runtime.engine.stats, engine="vllm",
                                     extra_counters=runtime.counters)],
         engine_dead=getattr(runtime.engine, "dead_reason", None),
-        maker=OrpheusMaker(runtime) if cfg.lora_on else None)
+        maker=OrpheusMaker(runtime) if cfg.lora_on else None,
+        profiled=[runtime.engine] if isinstance(runtime.engine, ProfiledEngine) else [])
 
 
 FAMILY = VoiceFamily(

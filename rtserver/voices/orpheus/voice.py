@@ -140,6 +140,9 @@ class OrpheusConfig:
     max_loras: int = 8  # adapters in one batch (vLLM max_loras)
     max_lora_rank: int = 64  # the largest rank served (vLLM: 1, 8, 16, 32, 64, 128, ...)
     max_adapters: int = 32  # adapters loaded at once (vLLM max_cpu_loras)
+    # vLLM's EngineCore writes torch profiler traces here when the GPU worker
+    # is asked for a timeline (rtserver/worker/profile.py); "": off.
+    profile_dir: str = ""
     # When set, adapter folders must lie under it (relative ones are read from it).
     adapter_root: str = ""
 
@@ -547,7 +550,7 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
             tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,
             stream_interval=cfg.stream_interval,
             max_loras=cfg.max_loras if cfg.lora_on else 0, max_lora_rank=cfg.max_lora_rank,
-            max_adapters=cfg.max_adapters))
+            max_adapters=cfg.max_adapters, profile_dir=cfg.profile_dir))
         snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
         if snac_dir is None and not cfg.dummy_weights:
             raise ConfigError("Orpheus needs a SNAC folder (orpheus snac_dir), or dummy weights")
