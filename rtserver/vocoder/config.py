@@ -45,6 +45,10 @@ class VocoderConfig:
     # "float16" (cheaper per stream-second on a GPU; their seam and full-decode
     # error: snac_model).
     dtype: str = "float32"
+    # The decode through torch.compile (fused pointwise work, depthwise
+    # convolutions as fused shifted sums; graphs captured over it): a start-up
+    # compile for less GPU time per window. Off until measured on a GPU.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.noise not in ("positional", "off"):

@@ -197,10 +197,11 @@ def full_decode_error_db(decoder: SnacDecoder, reference: SnacDecoder,
 
 
 def _decoder(shape: str, device: str = "cpu", graphs: bool = False,
-             dtype: str = "float32") -> SnacDecoder:
+             dtype: str = "float32", compile: bool = False) -> SnacDecoder:
     cfg = {"24khz": SNAC24_CONFIG, "tiny": TINY_SNAC_CONFIG}[shape]
     return SnacDecoder(build_snac(cfg, seed=0), device=device, cuda_graphs=graphs,
-                       graph_max_batch=128, graph_max_cells=1 << 20, dtype=dtype)
+                       graph_max_batch=128, graph_max_cells=1 << 20, dtype=dtype,
+                       compile=compile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,12 +297,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--graphs", action="store_true", help="CUDA graphs (cuda only)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="decoder dtype")
+    p.add_argument("--compile", action="store_true",
+                   help="the decode through torch.compile (snac_model.SnacDecoder compile)")
     a = p.parse_args(argv)
     if a.threads:
         import torch
 
         torch.set_num_threads(a.threads)
-    dec = _decoder(a.shape, a.device, a.graphs, a.dtype)
+    dec = _decoder(a.shape, a.device, a.graphs, a.dtype, a.compile)
     if a.what == "rf":
         print(f"layer-derived support: {dec.support} samples")
         for r in measure_reach(dec):
@@ -314,8 +317,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{k}: {v:.4g}")
     elif a.what == "seams":
         codes = random_codes(a.frames or 60, seed=1)
-        print(f"dtype {a.dtype}, device {a.device}, random weights")
-        if a.dtype != "float32":
+        print(f"dtype {a.dtype}, device {a.device}, compile {a.compile}, random weights")
+        if a.dtype != "float32" or a.compile:
             ref = _decoder(a.shape, a.device, False, "float32")
             print(f"full decode vs float32: {full_decode_error_db(dec, ref, codes):7.1f} dB "
                   "re RMS (max abs error)")

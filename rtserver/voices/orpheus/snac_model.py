@@ -138,6 +138,21 @@ def load_snac_dir(path: Path) -> Any:
     return model.eval()
 
 
+def _swap_depthwise(module: nn.Module) -> int:
+    """Replace every depthwise stride-1 Conv1d under ``module`` by a
+    ``ShiftedDepthwise``; returns how many."""
+    n = 0
+    for name, child in module.named_children():
+        if (isinstance(child, nn.Conv1d) and child.groups > 1
+                and child.groups == child.in_channels == child.out_channels
+                and child.stride[0] == 1):
+            setattr(module, name, ShiftedDepthwise(child))
+            n += 1
+        else:
+            n += _swap_depthwise(child)
+    return n
+
+
 def decoder_support(decoder: nn.Module, hop: int) -> int:
     """One-sided reach, in output samples, of one latent frame beyond its own span.
 
@@ -151,6 +166,9 @@ def decoder_support(decoder: nn.Module, hop: int) -> int:
         if isinstance(m, nn.ConvTranspose1d):
             k, s, p = m.kernel_size[0], m.stride[0], int(m.padding[0])
             lo, hi = lo * s - p, hi * s - p + k - 1
+        elif isinstance(m, ShiftedDepthwise):
+            k, d, p = m.kernel, m.dilation, m.padding
+            lo, hi = lo + p - d * (k - 1), hi + p
         elif isinstance(m, nn.Conv1d):
             if isinstance(m.padding, str):
                 raise ValueError("string padding in a decoder conv")
@@ -176,12 +194,52 @@ class CodeWindow:
 class _BatchState:
     """What the hooks and noise layers read during one forward."""
 
-    __slots__ = ("lengths", "offsets", "t_latent")
+    __slots__ = ("lengths", "masks", "offsets", "t_latent")
 
     def __init__(self) -> None:
         self.lengths: torch.Tensor | None = None  # (B,) latent frames, None: all full
         self.offsets: torch.Tensor | None = None  # (B,) absolute latent frame of index 0
         self.t_latent = 0
+        # (B, 1, T) keep-masks of this forward by upsampling factor: the
+        # decoder's convolutions share five time scales, so each is built once
+        self.masks: dict[int, torch.Tensor] = {}
+
+
+class ShiftedDepthwise(nn.Module):
+    """A depthwise ``Conv1d`` (one filter per channel, stride 1) as a sum of
+    ``kernel`` shifted products: the same sum, which ``torch.compile`` fuses with
+    the pointwise work around it into one kernel (on CUDA, PyTorch runs float32
+    depthwise convolutions, dilated ones in any dtype, in a generic kernel:
+    ~30 % of SNAC's GPU time at 256 Orpheus streams,
+    ``bench/results/h200-orpheus-timeline-2026-12-04``). Only with compile:
+    eager, its ``kernel`` launches cost more than the one convolution."""
+
+    def __init__(self, conv: nn.Conv1d) -> None:
+        super().__init__()
+        channels, per_group, k = conv.weight.shape
+        if conv.groups != channels or per_group != 1 or conv.stride[0] != 1:
+            raise ValueError("not a depthwise stride-1 Conv1d")
+        if isinstance(conv.padding, str):
+            raise ValueError("string padding in a decoder conv")
+        self.weight = nn.Parameter(conv.weight.detach()[:, 0, :].clone(), requires_grad=False)
+        bias = conv.bias if conv.bias is not None else torch.zeros(channels)
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.kernel = int(k)
+        self.dilation = int(conv.dilation[0])
+        self.padding = int(conv.padding[0])
+        # what decoder_support and the mask hook read
+        self.kernel_size = conv.kernel_size
+        self.stride = conv.stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xp = torch.nn.functional.pad(x, (self.padding, self.padding))
+        t = xp.shape[-1] - self.dilation * (self.kernel - 1)
+        w = self.weight.to(x.dtype)
+        y = self.bias.to(x.dtype)[None, :, None] + w[None, :, 0, None] * xp[..., :t]
+        for k in range(1, self.kernel):
+            at = k * self.dilation
+            y = y + w[None, :, k, None] * xp[..., at:at + t]
+        return y
 
 
 class PositionalNoise(nn.Module):
@@ -270,7 +328,8 @@ class SnacDecoder:
     def __init__(self, model: Any, *, device: str = "cpu", noise: NoiseMode = "positional",
                  noise_seed: int = 0, cuda_graphs: bool = False, graph_max_batch: int = 64,
                  graph_frame_step: int = 4, graph_max_frames: int = 24,
-                 graph_max_cells: int = 512, dtype: str = "float32") -> None:
+                 graph_max_cells: int = 512, dtype: str = "float32",
+                 compile: bool = False, compile_backend: Any = "inductor") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
         check_frame_layout({"vq_strides": model.vq_strides,
@@ -288,8 +347,11 @@ class SnacDecoder:
         self.quantizer: nn.Module = model.quantizer
         self.decoder: nn.Module = model.decoder
         self._install_noise(noise, noise_seed, list(model.decoder_rates))
+        if compile:
+            _swap_depthwise(self.decoder)
         for m in self.decoder.modules():
-            if isinstance(m, nn.Conv1d | nn.ConvTranspose1d) and m.kernel_size[0] > 1:
+            if (isinstance(m, nn.Conv1d | nn.ConvTranspose1d | ShiftedDepthwise)
+                    and m.kernel_size[0] > 1):
                 m.register_forward_pre_hook(self._mask_hook)
         self.quantizer.to(self.device).eval()
         self.dtype = DTYPES[dtype]
@@ -302,6 +364,13 @@ class SnacDecoder:
         self._graph_step = graph_frame_step
         self._graph_max_frames = graph_max_frames
         self._graph_max_cells = graph_max_cells
+        # compile: the decode as fused kernels (torch.compile, shapes dynamic so
+        # one compile serves every window size; graphs are captured over it)
+        self.compiled = compile
+        self._run: Any = self._levels_to_audio
+        if compile:
+            self._run = torch.compile(self._levels_to_audio, dynamic=True,
+                                      backend=compile_backend)
 
     # --- construction helpers -------------------------------------------------
 
@@ -319,14 +388,18 @@ class SnacDecoder:
                               else PositionalNoise(layer.linear, up, self._state, gen))
 
     def _mask_hook(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> Any:
-        lengths = self._state.lengths
+        st = self._state
+        lengths = st.lengths
         if lengths is None:
             return None
         x = args[0]
-        scale = x.shape[-1] // self._state.t_latent
-        keep = torch.arange(x.shape[-1], device=x.device).unsqueeze(0) < (lengths * scale
-                                                                         ).unsqueeze(1)
-        return (x * keep.unsqueeze(1).to(x.dtype),)
+        scale = x.shape[-1] // st.t_latent
+        keep = st.masks.get(scale)
+        if keep is None or keep.dtype != x.dtype:
+            keep = st.masks[scale] = (
+                torch.arange(x.shape[-1], device=x.device).unsqueeze(0)
+                < (lengths * scale).unsqueeze(1)).unsqueeze(1).to(x.dtype)
+        return (x * keep,)
 
     # --- decoding --------------------------------------------------------------
 
@@ -378,11 +451,17 @@ class SnacDecoder:
         st = self._state
         st.lengths, st.offsets, st.t_latent = lengths, offsets, n * self.latent_per_frame
         try:
-            z = self.quantizer.from_codes(levels)  # type: ignore[operator]
-            y: torch.Tensor = self.decoder(z.to(self.dtype))
+            return self._run(levels)
         finally:
             st.lengths, st.offsets = None, None
-        return y[:, 0, :].float()  # in the graph too: its output buffer is float32
+            st.masks.clear()
+
+    def _levels_to_audio(self, levels: list[torch.Tensor]) -> torch.Tensor:
+        """The three code levels -> (B, samples) float32 (in a graph too: its
+        output buffer is float32). ``_run`` is this, or it compiled."""
+        z = self.quantizer.from_codes(levels)  # type: ignore[operator]
+        y: torch.Tensor = self.decoder(z.to(self.dtype))
+        return y[:, 0, :].float()
 
     # --- CUDA graphs (guarded: only with cuda_graphs=True on a CUDA device) ----
 

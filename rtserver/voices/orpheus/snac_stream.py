@@ -68,7 +68,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
                               noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
                               graph_max_batch=config.max_batch,
                               graph_max_frames=config.graph_max_frames,
-                              graph_max_cells=config.graph_max_cells, dtype=config.dtype)
+                              graph_max_cells=config.graph_max_cells, dtype=config.dtype,
+                              compile=config.compile)
         return cls(decoder, config, device)
 
     def _warm_up(self) -> Any:
