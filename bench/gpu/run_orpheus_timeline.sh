@@ -10,6 +10,10 @@
 # $OUT gets traces-L.tgz per level (the raw traces) and orpheus-timeline-siN.tgz: per level
 # timeline-L.md (python -m rtserver.tools.bench.gpu_timeline), pyspy-L.txt / pyspy-gil-L.txt
 # (raw folded stacks), the bench's summaries, worker metrics, GPU utilization and logs.
+# PROFILE=0: no py-spy and no timeline (writing the traces stalls the worker and EngineCore for
+# seconds, so a profiled level's underruns are not the server's). Other RTSERVER_* settings pass
+# through to the worker, e.g. RTSERVER_ORPHEUS_VOCODER_COMPILE=true or
+# RTSERVER_ORPHEUS_VOCODER_MAX_PAD_FRACTION=0.5.
 # Random weights of the real shapes (Orpheus-3B, SNAC 24 kHz): speed real, sound noise.
 set -uo pipefail
 T0=${T_START:-$(date +%s)}; LIMIT=${LIMIT:-590}; left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
@@ -25,9 +29,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> $O/env.t
 export RTSERVER_ORPHEUS_MODEL_DIR=$CK RTSERVER_ORPHEUS_SNAC_DIR=$CK/snac
 export RTSERVER_ORPHEUS_TOKEN_GUARD=none RTSERVER_ORPHEUS_DEVICE=cuda
 export RTSERVER_ORPHEUS_BUDGET_FRAMES_PER_CHAR=0.8 RTSERVER_ORPHEUS_BUDGET_BASE_FRAMES=12
-export RTSERVER_ORPHEUS_STREAM_INTERVAL=${STREAM_INTERVAL:-1} RTSERVER_ORPHEUS_PROFILE_DIR=$O/traces
+export RTSERVER_ORPHEUS_STREAM_INTERVAL=${STREAM_INTERVAL:-1}
+TRACES=""; [ "${PROFILE:-1}" = 1 ] && TRACES=$O/traces
+export RTSERVER_ORPHEUS_PROFILE_DIR=$TRACES
 export RTSERVER_ADMISSION_CONNECTIONS_PER_MINUTE=0 RTSERVER_ADMISSION_CONTEXTS_PER_MINUTE=0 RTSERVER_ADMISSION_CHARS_PER_MINUTE=0 RTSERVER_ADMISSION_FIRST_HEARD_TARGET_MS=0
-printf '[voice]\ndefault = "orpheus:tara"\n[gpu]\nmetrics_port = 9100\nprofile_dir = "%s"\n' "$O/traces" > /tmp/otl.toml
+printf '[voice]\ndefault = "orpheus:tara"\n[gpu]\nmetrics_port = 9100\nprofile_dir = "%s"\n' "$TRACES" > /tmp/otl.toml
 echo "stream_interval $RTSERVER_ORPHEUS_STREAM_INTERVAL" | tee -a $O/env.txt
 RUN=$(mktemp -d); EP=ipc://$RUN/gpu0.sock; URL=ws://127.0.0.1:8765/v1/stream
 python3 -m rtserver worker --config /tmp/otl.toml --endpoint $EP > $O/logs/worker.log 2>&1 &
@@ -54,7 +60,7 @@ for L in ${LEVELS//,/ }; do
     --tokens-per-s 40 --concurrency $L --duration $DURATION --stagger-s $STAGGER --warmup 1 \
     --no-plots --note "4 front ends, one GPU worker, stream_interval $RTSERVER_ORPHEUS_STREAM_INTERVAL" \
     --out $O/l$L > $O/logs/bench-$L.log 2>&1 & B=$!
-  if [ "$L" -ge 64 ]; then
+  if [ "$L" -ge 64 ] && [ "${PROFILE:-1}" = 1 ]; then
     sleep $(( STAGGER + 4 ))
     /tmp/site/bin/py-spy record -p $WPID -d 8 -r 100 -f raw --threads -o $O/pyspy-$L.txt --nonblocking > /dev/null 2>&1 &
     /tmp/site/bin/py-spy record -p $WPID -d 8 -r 100 -f raw --gil -o $O/pyspy-gil-$L.txt --nonblocking > /dev/null 2>&1
