@@ -28,6 +28,10 @@ DELTA streams of token ids out.
   ``max_cpu_loras`` (``max_adapters``) bounds the adapters kept loaded; more
   than that are refused rather than evicted (an evicted adapter is read again
   from its folder at request time, with the same risk).
+- ``engine_process = "inproc"``: an ``LLMEngine`` in this process stepped by
+  a thread of ours behind the same surface (``engine/vllm_inproc.py``), so a
+  vocoder in this process shares vLLM's CUDA context (two contexts on one GPU
+  are time-sliced).
 - Stats: a ``StatLoggerBase`` fed by vLLM after every engine step (running,
   waiting, KV cache usage, prefix cache, tokens) plus our own time to the
   first, the 7th and the 28th token, measured from submitting to the delta
@@ -66,6 +70,8 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+    from rtserver.engine.vllm_inproc import InprocLLM
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +113,10 @@ class VllmEngineConfig:
     max_loras: int = 0
     max_lora_rank: int = 64  # the largest adapter rank (vLLM: 1, 8, 16, 32, 64, 128, ...)
     max_adapters: int = 32  # adapters kept loaded at once (vLLM max_cpu_loras)
+    # "separate": EngineCore in its own process (AsyncLLM); "inproc": in this
+    # process, stepped by a thread of ours (engine/vllm_inproc.py), so the
+    # vocoder's kernels share its CUDA context instead of time-slicing with it.
+    engine_process: Literal["separate", "inproc"] = "separate"
     # A folder: EngineCore records torch profiler traces there between
     # start_profile and stop_profile (GPU timelines, issue 24); "": off.
     profile_dir: str = ""
@@ -309,7 +319,7 @@ class VllmEngine:
     def __init__(self, config: VllmEngineConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self._clock = clock  # times to the first, 7th and 28th token
-        self._llm: AsyncLLM | None = None
+        self._llm: AsyncLLM | InprocLLM | None = None
         self._live = _LiveStats()
         self._open: set[str] = set()
         self._dead: BaseException | None = None
@@ -400,8 +410,16 @@ class VllmEngine:
 
         # Loading takes seconds to minutes: keep the event loop serving /health.
         try:
-            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
-                                                stat_loggers=[sink])
+            if self.config.engine_process == "inproc":
+                from rtserver.engine.vllm_inproc import InprocLLM
+
+                inproc = await asyncio.to_thread(InprocLLM.from_engine_args, args,
+                                                 stat_loggers=[sink])
+                inproc.start(asyncio.get_running_loop())
+                self._llm = inproc
+            else:
+                self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                                    stat_loggers=[sink])
         except Exception as exc:
             raise ConfigError(f"vLLM failed to start on {self.config.model}: {exc}") from exc
 
@@ -567,7 +585,7 @@ class VllmEngine:
 
         return LoRARequest(adapter.name, adapter.id, adapter.path)
 
-    async def _abort_quietly(self, llm: AsyncLLM, request_id: str) -> None:
+    async def _abort_quietly(self, llm: AsyncLLM | InprocLLM, request_id: str) -> None:
         try:
             await llm.abort(request_id)
         except Exception as exc:  # engine already gone: nothing is held any more

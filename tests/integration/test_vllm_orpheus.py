@@ -1,6 +1,7 @@
 """Orpheus on real vLLM (CPU wheel): tiny Llama with dummy weights, tiny random SNAC.
 
-One engine for the module (it takes ~30 s to start on 2 cores). Checks what a
+One engine at a time (each takes ~30 s to start on 2 cores): EngineCore in
+its own process, then in this one. Checks what a
 user of the voice sees: audio of exactly frames x 2048 samples at 24 kHz for
 the tokens the engine generated, cancel and close free the vLLM request at
 once, and two segments are generated together.
@@ -32,13 +33,18 @@ LONG_TEXT = ("This sentence is long enough that its token budget runs to thousan
              "tokens, far more than the test lets it generate before it cancels. ") * 3
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def voice(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[OrpheusVoice]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module",
+                        params=["separate", "inproc"])
+async def voice(tmp_path_factory: pytest.TempPathFactory,
+                request: pytest.FixtureRequest) -> AsyncIterator[OrpheusVoice]:
+    """The voice with vLLM's EngineCore in its own process (AsyncLLM), then in
+    this one (engine/vllm_inproc.py): every test runs against both."""
     root = Path(tmp_path_factory.mktemp("orpheus"))
     model = write_tiny_orpheus(root / "llama", shape="tiny")
     snac = write_tiny_snac(root / "snac", seed=0)
     cfg = OrpheusConfig(model_dir=str(model), snac_dir=str(snac), dummy_weights=True,
-                        device="cpu", enforce_eager=True, max_model_len=2048, max_num_seqs=8)
+                        device="cpu", enforce_eager=True, max_model_len=2048, max_num_seqs=8,
+                        engine_process=request.param)
     v = await load_orpheus_voice(cfg, "tara")
     await v.warm_up()
     yield v

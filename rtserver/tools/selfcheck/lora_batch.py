@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rtserver.client import RtClient
-from rtserver.testing.server_thread import ServerThread
+from rtserver.tools.bench.server_proc import free_port, rtserver_command, spawn
 from rtserver.tools.layouts.lora import write_lora_adapter
 from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.voices.orpheus.layout import write_random_orpheus
@@ -72,27 +73,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--servers", type=int, default=5, help="fresh servers, one after another")
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--engine-process", choices=["separate", "inproc"], default="separate",
+                   help="vLLM's EngineCore in its own process or in the server's")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="lora-batch-"))
     model = write_random_orpheus(root / "llama", shape="tiny", device="cpu")
     snac = write_tiny_snac(root / "snac", seed=0)
     alice = write_lora_adapter(root / "alice", shape="tiny", rank=args.rank, seed=1)
     bob = write_lora_adapter(root / "bob", shape="tiny", rank=args.rank, seed=2)
-    orpheus = {"model_dir": str(model), "snac_dir": str(snac), "token_guard": "mask",
-               "device": args.device, "enforce_eager": True, "max_model_len": 1024,
-               "max_num_seqs": 8, "sampling.seed": 7, "budget.max_frames": FRAMES,
-               "adapters": [f"alice@tara={alice}", f"bob@tara={bob}"],
-               "max_loras": 2, "max_lora_rank": args.rank, "max_adapters": 4}
-    if args.device != "cpu":
-        orpheus["gpu_memory_utilization"] = 0.3
+    q = json.dumps  # a TOML basic string is a JSON string
+    config = root / "lora-batch.toml"
+    config.write_text("\n".join([
+        "[voice]", 'default = "orpheus:tara"', "[orpheus]",
+        f"model_dir = {q(str(model))}", f"snac_dir = {q(str(snac))}",
+        'token_guard = "mask"', f"device = {q(args.device)}", "enforce_eager = true",
+        "max_model_len = 1024", "max_num_seqs = 8",
+        f"adapters = [{q(f'alice@tara={alice}')}, {q(f'bob@tara={bob}')}]",
+        "max_loras = 2", f"max_lora_rank = {args.rank}", "max_adapters = 4",
+        f"engine_process = {q(args.engine_process)}",
+        *(["gpu_memory_utilization = 0.3"] if args.device != "cpu" else []),
+        "[orpheus.sampling]", "seed = 7", "[orpheus.budget]", f"max_frames = {FRAMES}", ""]))
     faults = 0
     for k in range(args.servers):
-        srv = ServerThread.with_settings(voice={"default": "orpheus:tara"},
-                                         orpheus=orpheus).start(timeout=600)
+        port = free_port()
+        srv = spawn(rtserver_command(port, None, ["--config", str(config)]), port,
+                    root / f"server-{k + 1}.log", ready_timeout_s=600)
         try:
-            verdicts = srv.submit(one_server(srv.url)).result(timeout=300)
+            verdicts = asyncio.run(one_server(srv.url))
         finally:
-            srv.stop()
+            srv.stop(grace_s=30)
         faults += sum("BASE" in v for v in verdicts)
         print(f"server {k + 1}: " + "; ".join(verdicts), flush=True)
     print(f"{faults} of {2 * args.servers} adapter requests in first mixed batches decoded as "

@@ -140,6 +140,9 @@ class OrpheusConfig:
     max_loras: int = 8  # adapters in one batch (vLLM max_loras)
     max_lora_rank: int = 64  # the largest rank served (vLLM: 1, 8, 16, 32, 64, 128, ...)
     max_adapters: int = 32  # adapters loaded at once (vLLM max_cpu_loras)
+    # "separate": vLLM's EngineCore in a process of its own; "inproc": in this
+    # one (engine/vllm_inproc.py), sharing the SNAC vocoder's CUDA context.
+    engine_process: str = "separate"
     # vLLM's EngineCore writes torch profiler traces here when the GPU worker
     # is asked for a timeline (rtserver/worker/profile.py); "": off.
     profile_dir: str = ""
@@ -176,7 +179,8 @@ class OrpheusConfig:
             raise ValueError(f"max_loras {self.max_loras} must be from 1 to max_adapters "
                              f"({self.max_adapters})")
         for name, allowed in (("token_guard", ("auto", "mask", "allowed", "none")),
-                              ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny"))):
+                              ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny")),
+                              ("engine_process", ("separate", "inproc"))):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
@@ -550,7 +554,8 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
             tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,
             stream_interval=cfg.stream_interval,
             max_loras=cfg.max_loras if cfg.lora_on else 0, max_lora_rank=cfg.max_lora_rank,
-            max_adapters=cfg.max_adapters, profile_dir=cfg.profile_dir))
+            max_adapters=cfg.max_adapters, profile_dir=cfg.profile_dir,
+            engine_process=cfg.engine_process))  # type: ignore[arg-type]
         snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
         if snac_dir is None and not cfg.dummy_weights:
             raise ConfigError("Orpheus needs a SNAC folder (orpheus snac_dir), or dummy weights")
