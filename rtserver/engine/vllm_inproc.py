@@ -51,6 +51,7 @@ class InprocLLM:
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._wake = threading.Event()
         self._stop = False
+        self._closed = False
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -59,12 +60,30 @@ class InprocLLM:
 
     @classmethod
     def from_engine_args(cls, args: Any, stat_loggers: list[Any] | None = None) -> InprocLLM:
+        """Build the engine (loads the model: blocking). ``stat_loggers`` get
+        vLLM's step stats, as with ``AsyncLLM``, without vLLM's own loggers."""
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor import Executor
+        from vllm.v1.metrics.loggers import StatLoggerManager
 
-        # LLMEngine reads this when it is built: "1" would move EngineCore out
+        # read when EngineCore's client is made: "1" would move it to a process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        return cls(LLMEngine.from_engine_args(args, stat_loggers=stat_loggers,
-                                              enable_multiprocessing=False))
+        vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        # log_stats on (EngineCore then sends scheduler stats, the output
+        # processor counts tokens), as AsyncLLM turns it on for custom loggers;
+        # LLMEngine would add vLLM's default loggers too (a log line every 10 s,
+        # its Prometheus metrics), so its manager is replaced by ours alone
+        engine = LLMEngine(vllm_config=vllm_config,
+                           executor_class=Executor.get_class(vllm_config), log_stats=True,
+                           stat_loggers=stat_loggers, multiprocess_mode=False)
+        if stat_loggers:
+            engine.logger_manager = StatLoggerManager(
+                vllm_config=vllm_config, custom_stat_loggers=stat_loggers,
+                enable_default_loggers=False)
+        else:
+            engine.logger_manager = None
+        return cls(engine)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -84,8 +103,15 @@ class InprocLLM:
         collector = RequestOutputCollector(params.output_kind, request_id)
         self._collectors[request_id] = collector
         engine = self._engine
-        self._submit(lambda: engine.add_request(request_id, prompt, params,
-                                                lora_request=lora_request, priority=priority))
+
+        def add() -> None:
+            try:
+                engine.add_request(request_id, prompt, params, lora_request=lora_request,
+                                   priority=priority)
+            except Exception as exc:  # this request's fault (a prompt too long): its error
+                self._post(collector.put, exc)
+
+        self._submit(add)
         finished = False
         try:
             while not finished:
@@ -123,6 +149,7 @@ class InprocLLM:
     def shutdown(self) -> None:
         """Stop the step thread (open requests end with ``EngineDeadError``) and
         release the engine."""
+        self._closed = True
         self._stop = True
         self._wake.set()
         if self._thread is not None:
@@ -136,6 +163,8 @@ class InprocLLM:
     def _check(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"vLLM's in-process engine died: {self._dead!r}")
+        if self._closed:
+            raise EngineDeadError("vLLM's in-process engine was shut down")
         if self._thread is None:
             raise RuntimeError("InprocLLM.start was not called")
 
@@ -164,7 +193,11 @@ class InprocLLM:
         try:
             while not self._stop:
                 while commands:
-                    commands.popleft()()
+                    command = commands.popleft()
+                    try:
+                        command()
+                    except Exception:  # a call's fault, not the engine's: logged
+                        log.exception("a call into vLLM's in-process engine failed")
                 if not engine.has_unfinished_requests():
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()

@@ -7,8 +7,8 @@ exercised by ``tests/integration/test_vllm_orpheus.py``. Checked: every token
 arrives in order and merged while the consumer lags, every call into the
 engine runs on the step thread, an abort is applied before ``abort`` returns
 and a closed stream aborts its request, LoRA calls return the engine's
-answer, and a step that raises fails open requests and every later call with
-``EngineDeadError``.
+answer, a request vLLM refuses fails alone, and a step that raises fails open
+requests and every later call with ``EngineDeadError``, as does shutting down.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class FakeEngine:
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams, *,
                     lora_request: Any = None, priority: int = 0) -> str:
         self._seen()
+        if request_id.startswith("too-long"):
+            raise ValueError("the prompt (5000 tokens) is longer than max_model_len (2048)")
         self.requests[request_id] = [0, int(params.max_tokens or 0), 100 * len(self.requests)]
         return request_id
 
@@ -166,6 +168,18 @@ async def test_lora_calls_run_on_the_step_thread_with_their_answers() -> None:
         llm.shutdown()
 
 
+async def test_a_request_vllm_refuses_fails_alone() -> None:
+    engine = FakeEngine()
+    llm = await started(engine)
+    try:
+        with pytest.raises(ValueError, match="max_model_len"):
+            await tokens(llm, "too-long-1", 5)
+        assert not llm.errored
+        assert await tokens(llm, "fine", 3) == [1, 2, 3]
+    finally:
+        llm.shutdown()
+
+
 async def test_a_step_that_raises_kills_the_engine_for_everyone() -> None:
     engine = FakeEngine()
     llm = await started(engine)
@@ -194,3 +208,5 @@ async def test_shutdown_ends_open_streams() -> None:
     await asyncio.to_thread(llm.shutdown)
     with pytest.raises(EngineDeadError):
         await run
+    with pytest.raises(EngineDeadError, match="shut down"):
+        await tokens(llm, "after", 3)
