@@ -49,6 +49,10 @@ class VocoderConfig:
     # convolutions as fused shifted sums; graphs captured over it): a start-up
     # compile for less GPU time per window. Off until measured on a GPU.
     compile: bool = False
+    # CUDA: the batched calls on a stream of their own (the first lane has its
+    # own already); for a vLLM engine in the same process, whose default-stream
+    # kernels would otherwise serialize with them. Off until measured on a GPU.
+    main_stream: bool = False
 
     def __post_init__(self) -> None:
         if self.noise not in ("positional", "off"):

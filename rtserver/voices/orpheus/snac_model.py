@@ -46,6 +46,7 @@ checkpoints' activations.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -329,7 +330,8 @@ class SnacDecoder:
                  noise_seed: int = 0, cuda_graphs: bool = False, graph_max_batch: int = 64,
                  graph_frame_step: int = 4, graph_max_frames: int = 24,
                  graph_max_cells: int = 512, dtype: str = "float32",
-                 compile: bool = False, compile_backend: Any = "inductor") -> None:
+                 compile: bool = False, compile_backend: Any = "inductor",
+                 main_stream: bool = False) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
         check_frame_layout({"vq_strides": model.vq_strides,
@@ -357,7 +359,12 @@ class SnacDecoder:
         self.dtype = DTYPES[dtype]
         self.decoder.to(self.device, self.dtype).eval()
         self.support = decoder_support(self.decoder, self.hop)
-        self._main = _Lane()
+        # main_stream (CUDA): the main lane's calls on a stream of their own,
+        # not the decode thread's current one (the legacy default stream, which
+        # serializes with default-stream work of the same process, such as an
+        # in-process vLLM's); off: as before
+        self._main = _Lane(torch.cuda.Stream(device=self.device)
+                           if main_stream and self.device.type == "cuda" else None)
         self._first: _Lane | None = None  # created by warm_up (CUDA graphs only)
         self._use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_max_batch = graph_max_batch
@@ -412,7 +419,9 @@ class SnacDecoder:
             raise ValueError("empty code window")
         n_max = max(sizes)
         b = len(windows)
-        with torch.inference_mode():
+        lane_stream = (torch.cuda.stream(self._main.stream) if self._main.stream is not None
+                       else contextlib.nullcontext())
+        with torch.inference_mode(), lane_stream:
             graph = self._graph_for(self._main, b, n_max) if self._use_graphs else None
             if graph is not None:
                 return self._replay(self._main, graph, windows)

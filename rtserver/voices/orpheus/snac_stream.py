@@ -69,7 +69,7 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
                               graph_max_batch=config.max_batch,
                               graph_max_frames=config.graph_max_frames,
                               graph_max_cells=config.graph_max_cells, dtype=config.dtype,
-                              compile=config.compile)
+                              compile=config.compile, main_stream=config.main_stream)
         return cls(decoder, config, device)
 
     def _warm_up(self) -> Any:
