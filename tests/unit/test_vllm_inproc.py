@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -109,10 +110,18 @@ def params(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, output_kind=RequestOutputKind.DELTA, detokenize=False)
 
 
-async def started(engine: FakeEngine) -> InprocLLM:
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+async def llm(engine: FakeEngine) -> AsyncIterator[InprocLLM]:
+    """An InprocLLM stepping ``engine``; shut down after the test."""
     llm = InprocLLM(engine)
     llm.start(asyncio.get_running_loop())
-    return llm
+    yield llm
+    await asyncio.to_thread(llm.shutdown)
 
 
 async def tokens(llm: InprocLLM, rid: str, n: int, lag_s: float = 0.0) -> list[int]:
@@ -124,85 +133,64 @@ async def tokens(llm: InprocLLM, rid: str, n: int, lag_s: float = 0.0) -> list[i
     return got
 
 
-async def test_tokens_arrive_in_order_and_merge_for_a_slow_consumer() -> None:
-    engine = FakeEngine()
-    llm = await started(engine)
-    try:
-        a, b = await asyncio.gather(tokens(llm, "a", 40), tokens(llm, "b", 25, lag_s=0.01))
-        assert a == [1 + k for k in range(40)]
-        assert b[0] in (101, 1) and b == [b[0] + k for k in range(25)]
-        assert engine.threads == {"vllm-step"}  # every engine call on the step thread
-        assert llm.get_num_unfinished_requests() == 0
-    finally:
-        llm.shutdown()
+async def test_tokens_arrive_in_order_and_merge_for_a_slow_consumer(
+        engine: FakeEngine, llm: InprocLLM) -> None:
+    a, b = await asyncio.gather(tokens(llm, "a", 40), tokens(llm, "b", 25, lag_s=0.01))
+    assert a == [1 + k for k in range(40)]
+    assert b[0] in (101, 1) and b == [b[0] + k for k in range(25)]
+    assert engine.threads == {"vllm-step"}  # every engine call on the step thread
+    assert llm.get_num_unfinished_requests() == 0
 
 
-async def test_closing_a_stream_aborts_its_request_and_abort_waits_for_it() -> None:
-    engine = FakeEngine()
-    llm = await started(engine)
-    try:
-        stream = llm.generate({"prompt_token_ids": [1]}, params(10_000), "long")
-        await anext(stream)
-        await stream.aclose()
-        await wait_until_async(lambda: engine.aborted == ["long"], "the stream's abort")
-        gen = llm.generate({"prompt_token_ids": [1]}, params(10_000), "other")
-        await anext(gen)
-        await llm.abort("other")  # applied by the time it returns
-        assert "other" in engine.aborted and not engine.requests
-        await gen.aclose()
-    finally:
-        llm.shutdown()
+async def test_closing_a_stream_aborts_its_request_and_abort_waits_for_it(
+        engine: FakeEngine, llm: InprocLLM) -> None:
+    stream = llm.generate({"prompt_token_ids": [1]}, params(10_000), "long")
+    await anext(stream)
+    await stream.aclose()
+    await wait_until_async(lambda: engine.aborted == ["long"], "the stream's abort")
+    gen = llm.generate({"prompt_token_ids": [1]}, params(10_000), "other")
+    await anext(gen)
+    await llm.abort("other")  # applied by the time it returns
+    assert "other" in engine.aborted and not engine.requests
+    await gen.aclose()
 
 
-async def test_lora_calls_run_on_the_step_thread_with_their_answers() -> None:
-    engine = FakeEngine()
-    llm = await started(engine)
-    try:
-        assert await llm.add_lora(7) is True
-        with pytest.raises(ValueError, match="max_lora_rank"):
-            await llm.add_lora("broken")
-        assert await llm.remove_lora(7) is True and engine.loras == set()
-        assert engine.threads == {"vllm-step"}
-        assert not llm.errored  # a refused call is not a dead engine
-    finally:
-        llm.shutdown()
+async def test_lora_calls_run_on_the_step_thread_with_their_answers(
+        engine: FakeEngine, llm: InprocLLM) -> None:
+    assert await llm.add_lora(7) is True
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        await llm.add_lora("broken")
+    assert await llm.remove_lora(7) is True and engine.loras == set()
+    assert engine.threads == {"vllm-step"}
+    assert not llm.errored  # a refused call is not a dead engine
 
 
-async def test_a_request_vllm_refuses_fails_alone() -> None:
-    engine = FakeEngine()
-    llm = await started(engine)
-    try:
-        with pytest.raises(ValueError, match="max_model_len"):
-            await tokens(llm, "too-long-1", 5)
-        assert not llm.errored
-        assert await tokens(llm, "fine", 3) == [1, 2, 3]
-    finally:
-        llm.shutdown()
+async def test_a_request_vllm_refuses_fails_alone(
+        engine: FakeEngine, llm: InprocLLM) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        await tokens(llm, "too-long-1", 5)
+    assert not llm.errored
+    assert await tokens(llm, "fine", 3) == [1, 2, 3]
 
 
-async def test_a_step_that_raises_kills_the_engine_for_everyone() -> None:
-    engine = FakeEngine()
-    llm = await started(engine)
-    try:
-        engine.step_gate.clear()  # hold the step thread inside a step
-        run = asyncio.create_task(tokens(llm, "doomed", 10_000))
-        await wait_until_async(lambda: engine.requests, "the request added")
-        engine.fail_next_step = True
-        engine.step_gate.set()
-        with pytest.raises(EngineDeadError):
-            await run
-        assert llm.errored
-        with pytest.raises(EngineDeadError):
-            await tokens(llm, "later", 5)
-        with pytest.raises(EngineDeadError):
-            await llm.add_lora(3)
-    finally:
-        llm.shutdown()
+async def test_a_step_that_raises_kills_the_engine_for_everyone(
+        engine: FakeEngine, llm: InprocLLM) -> None:
+    engine.step_gate.clear()  # hold the step thread inside a step
+    run = asyncio.create_task(tokens(llm, "doomed", 10_000))
+    await wait_until_async(lambda: engine.requests, "the request added")
+    engine.fail_next_step = True
+    engine.step_gate.set()
+    with pytest.raises(EngineDeadError):
+        await run
+    assert llm.errored
+    with pytest.raises(EngineDeadError):
+        await tokens(llm, "later", 5)
+    with pytest.raises(EngineDeadError):
+        await llm.add_lora(3)
 
 
-async def test_shutdown_ends_open_streams() -> None:
-    engine = FakeEngine()
-    llm = await started(engine)
+async def test_shutdown_ends_open_streams(
+        engine: FakeEngine, llm: InprocLLM) -> None:
     run = asyncio.create_task(tokens(llm, "open", 10_000_000))
     await wait_until_async(lambda: engine.requests, "the request added")
     await asyncio.to_thread(llm.shutdown)
