@@ -77,15 +77,6 @@ class WorkerProfile:
             await asyncio.to_thread(own.stop)
             self.recordings += 1
             path = self.folder / f"worker-{os.getpid()}-{self.recordings}.pt.trace.json.gz"
-            await asyncio.to_thread(_export_gz, own, path)
+            await asyncio.to_thread(own.export_chrome_trace, str(path))  # .gz: torch gzips
             log.info("GPU timeline: written to %s", self.folder)
 
-
-def _export_gz(prof: Any, path: Path) -> None:
-    import gzip
-
-    plain = path.with_suffix("")  # .json
-    prof.export_chrome_trace(str(plain))
-    with plain.open("rb") as src, gzip.open(path, "wb") as dst:
-        dst.write(src.read())
-    plain.unlink()

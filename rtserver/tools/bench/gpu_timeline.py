@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtserver.tools.bench.stats import percentile
+
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 BURST_GAP_US = 200.0  # idle gaps shorter than this join kernels into one burst (a step's launches)
 
@@ -77,13 +79,6 @@ def total(spans: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in spans)
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def summarise(traces: list[Trace]) -> dict[str, Any]:
     traces = [t for t in traces if t.spans or t.first_us < t.last_us]
     lo = max(t.first_us for t in traces)
@@ -118,13 +113,14 @@ def summarise(traces: list[Trace]) -> dict[str, Any]:
         "window_ms": round(window / 1000, 1),
         "busy_share": round(busy / window, 3),
         "overlap_share": round(overlap / window, 3),
-        "idle_gaps": {"count": len(gaps), "p50_us": round(pct(gaps, 0.5), 1),
-                      "p90_us": round(pct(gaps, 0.9), 1), "max_ms": round(max(gaps, default=0)
-                                                                         / 1000, 2),
+        "idle_gaps": {"count": len(gaps), "p50_us": round(percentile(gaps, 50) or 0.0, 1),
+                      "p90_us": round(percentile(gaps, 90) or 0.0, 1),
+                      "max_ms": round(max(gaps, default=0) / 1000, 2),
                       "idle_in_gaps_over_1ms_share": round(
                           sum(g for g in gaps if g > 1000) / window, 3)},
-        "bursts": {"count": len(bursts), "p50_ms": round(pct(bursts, 0.5) / 1000, 2),
-                   "p90_ms": round(pct(bursts, 0.9) / 1000, 2),
+        "bursts": {"count": len(bursts),
+                   "p50_ms": round((percentile(bursts, 50) or 0.0) / 1000, 2),
+                   "p90_ms": round((percentile(bursts, 90) or 0.0) / 1000, 2),
                    "mean_ms": round(statistics.fmean(bursts) / 1000, 2) if bursts else 0.0},
         "processes": per,
     }

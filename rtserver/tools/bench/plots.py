@@ -1,6 +1,7 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed).
 
 - ``ttfa_cdf_<system>_<load>.png``: TTFA CDF, one line per level.
+- ``soak.png`` (``plot_soak``): a soak's RSS, open fds and turns against time.
 - ``realtime_<system>_<load>.png``: left, contexts that underran (%) and the
   p99 stall per level; right, real-time streams (level × share without an
   underrun) against the level, with the ideal diagonal.
@@ -97,3 +98,35 @@ def plot_all(samples: Sequence[Sample], rows: Sequence[Row], out_dir: Path) -> l
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_soak(samples: Sequence[Any], warmup_s: float, rss: dict[str, float],
+              path: Path) -> Path:
+    """A soak's ``soak.Sample`` rows: RSS, open fds and turns against time, the
+    warm-up shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = [s.t_s / 3600 for s in samples]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    a1.plot(hours, [s.rss_mb for s in samples], color="tab:blue", label="server RSS (MB)")
+    a1.axvspan(0, warmup_s / 3600, color="0.9", label="warm-up")
+    a1.set_ylabel("RSS (MB)")
+    a1.set_title(f"Soak: RSS after warm-up {rss['first_quarter_mb']} -> "
+                 f"{rss['last_quarter_mb']} MB, slope {rss['slope_mb_per_hour']} MB/hour")
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    a2.plot(hours, [s.turns for s in samples], color="tab:green", label="turns")
+    a2.set_ylabel("turns (cumulative)")
+    a2.set_xlabel("hours")
+    a2.grid(alpha=0.3)
+    ax = a2.twinx()
+    ax.plot(hours, [s.fds for s in samples], color="tab:orange", label="open fds")
+    ax.set_ylabel("open fds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+

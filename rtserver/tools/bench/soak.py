@@ -312,40 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "summary.md").write_text(text)
         from rtserver.tools.bench import plots
         if plots.available():
-            print(f"plot: {plot_soak(samples, args.warmup_s, rss, args.out / 'soak.png')}")
+            print(f"plot: {plots.plot_soak(samples, args.warmup_s, rss, args.out / 'soak.png')}")
         else:
             print(plots.NO_MATPLOTLIB)
     return 0 if passed else 1
-
-
-def plot_soak(samples: list[Sample], warmup_s: float, rss: dict[str, float],
-              path: Path) -> Path:
-    """RSS, open fds and turns against time, the warm-up shaded (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    hours = [s.t_s / 3600 for s in samples]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    a1.plot(hours, [s.rss_mb for s in samples], color="tab:blue", label="server RSS (MB)")
-    a1.axvspan(0, warmup_s / 3600, color="0.9", label="warm-up")
-    a1.set_ylabel("RSS (MB)")
-    a1.set_title(f"Soak: RSS after warm-up {rss['first_quarter_mb']} -> "
-                 f"{rss['last_quarter_mb']} MB, slope {rss['slope_mb_per_hour']} MB/hour")
-    a1.grid(alpha=0.3)
-    a1.legend(fontsize=8)
-    a2.plot(hours, [s.turns for s in samples], color="tab:green", label="turns")
-    a2.set_ylabel("turns (cumulative)")
-    a2.set_xlabel("hours")
-    a2.grid(alpha=0.3)
-    ax = a2.twinx()
-    ax.plot(hours, [s.fds for s in samples], color="tab:orange", label="open fds")
-    ax.set_ylabel("open fds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 if __name__ == "__main__":
