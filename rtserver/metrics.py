@@ -84,6 +84,12 @@ class Metrics:
             "from the text that completed its first segment to the start of playback, "
             "seconds", ["voice"], buckets=HEARD_BUCKETS_S, registry=r)
 
+        self.first_segment_guesses = Counter(
+            "rtserver_first_segment_speculations_total",
+            "First segments synthesized before the cut that confirms them, by outcome: "
+            "adopted (the cut was the guess) or dropped (the word went on)",
+            ["voice", "outcome"], registry=r)
+
     def observe_rtf(self, voice: str, rtf: float) -> None:
         self.rtf.labels(voice).observe(rtf)
 

@@ -51,12 +51,15 @@ class SpeechContext:
         queue = SegmentQueue(shared.max_text_chars, on_idle=self.input.wake)
         if pronouncer is None:
             pronouncer = Pronouncer.of(start, voice.info)
+        self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue,
+                               pronouncer)
         self.segments = SegmentLoop(self.input, queue, shared.segmenter_config,
                                     shared.hint_config, stats, self.ledger, shared.clock,
                                     ssml=pronouncer.controls if pronouncer.ssml else None,
-                                    voice=voice.info.name, report=self._report)
-        self.speaker = Speaker(shared, start, voice, stats, sink, self.ledger, queue,
-                               pronouncer)
+                                    voice=voice.info.name, report=self._report,
+                                    speculate=(self.speaker.speculate
+                                               if shared.segmenter_config.speculate_first
+                                               else None))
         self.heard_ms = 0.0  # what the listener reported hearing (``played``)
         hist = shared.metrics.time_to_first_heard
         self.first_heard = FirstHeard(  # ``predicted_ms``: admission's, at the start
@@ -109,9 +112,12 @@ class SpeechContext:
         failure: RtError | None = None
         closed = False
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self.segments.run())
-                group.create_task(self._speak())
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self.segments.run())
+                    group.create_task(self._speak())
+            finally:  # a guess started before the speaker ran (it drops its own)
+                await self.speaker.drop_guesses()
         except* RtError as eg:
             err = eg.exceptions[0]
             assert isinstance(err, RtError)

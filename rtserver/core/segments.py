@@ -94,7 +94,8 @@ class SegmentLoop:
     def __init__(self, inputs: ContextInput, queue: SegmentQueue, config: SegmenterConfig,
                  hints: HintConfig, stats: VoiceStats, ledger: Ledger, clock: Clock,
                  *, ssml: SpeechControls | None = None, voice: str = "this voice",
-                 report: Callable[[RtError], None] | None = None) -> None:
+                 report: Callable[[RtError], None] | None = None,
+                 speculate: Callable[[Segment | None], None] | None = None) -> None:
         self.inputs = inputs
         self.queue = queue
         self.first_segment_at: float | None = None  # its text was complete (TTFA's start)
@@ -107,6 +108,7 @@ class SegmentLoop:
         self._ssml = ssml  # an SSML context: its voice's controls
         self._voice = voice
         self._report = report  # an error about the input that ends nothing
+        self._speculate = speculate  # told the first segment's guess after each fragment
         self._starve_checked = -1  # pending chars at the last starvation release
         # (characters received so far, arrival time) per fragment, until the first segment
         self._arrivals: list[tuple[int, float]] = []
@@ -136,6 +138,9 @@ class SegmentLoop:
                 if self.first_segment_at is None:
                     self._arrivals.append((item.end, item.at))
                 await self._emit(segmenter.feed(item.text, t))
+                if (self.first_segment_at is None and self._speculate is not None
+                        and not len(self.inputs)):  # (queued text decides at once)
+                    self._speculate(segmenter.tentative())
             elif item.kind is InputKind.FLUSH:
                 await self._emit(segmenter.flush(t), item)
             else:

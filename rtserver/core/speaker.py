@@ -24,6 +24,7 @@ from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.pronounce import Pronouncer
 from rtserver.core.segments import SegmentQueue
 from rtserver.core.shared import Shared
+from rtserver.core.speculation import Speculation
 from rtserver.core.stats import VoiceStats
 from rtserver.core.words import estimated_times, timed_words
 from rtserver.errors import EngineFailed, RtError
@@ -41,6 +42,12 @@ FIRST_SEND_FRAMES = 5
 # the thread hop (~0.1 ms) is not worth it. Above FIRST_SEND_FRAMES, so the
 # context's first frames are always encoded inline, at once.
 OFFLOAD_FRAMES = 8
+# Speculative first segments a context may start (``speculate``): a guess
+# costs the voice's work until the cut drops it, so a first word that arrives
+# in many pieces (text typed or streamed a character at a time) costs at most
+# this many; LLM tokens mostly start a new word, so the first guess is
+# usually the one that is cut.
+MAX_GUESSES = 2
 
 
 class Speaker:
@@ -68,14 +75,35 @@ class Speaker:
         self.first_marks = Marks(shared.clock)
         self._blocked_s = 0.0  # time the current segment waited on a full sink
         self._voice_samples = 0  # the voice's audio so far, every segment's (words' timeline)
+        self._guess: Speculation | None = None  # the first segment, started before its cut
+        self._guesses = 0
+        self._dropped: set[Speculation] = set()  # being stopped
+        self._first_taken = False
 
     async def run(self) -> None:
         """Speak every segment, then the framer's tail (the last frame)."""
+        try:
+            await self._run()
+        finally:
+            await self.drop_guesses()
+
+    async def drop_guesses(self) -> None:
+        """Stop every speculative synthesis not adopted, and wait until their
+        voice requests are closed (idempotent)."""
+        if self._guess is not None:
+            self._drop(self._guess)
+            self._guess = None
+        dropped, self._dropped = self._dropped, set()
+        if dropped:
+            await asyncio.wait([asyncio.ensure_future(g.drop()) for g in dropped])
+
+    async def _run(self) -> None:
         framer = self.framer
         resampler: Resampler | None = None
         pending_start = False  # a segment began; its first frame carries the flag
         while True:
             seg = await self.queue.get()
+            guess = self._adopt(seg) if not self._first_taken else None
             if seg is None:
                 break
             if resampler is None:
@@ -90,7 +118,7 @@ class Speaker:
             self._send_hint(seg)  # fresh rtf for a resume after underrun
             if self.voice.info.word_timing != "model":
                 self._send_estimated_words(seg)
-            pending_start = await self._speak(seg, resampler, pending_start)
+            pending_start = await self._speak(seg, resampler, pending_start, guess)
             if seg.pause_after_ms:
                 await self._silence(seg.pause_after_ms, resampler)
         tail: list[bytes] = []
@@ -100,19 +128,74 @@ class Speaker:
         if tail:
             await self._put(tail, segment_start=pending_start, last=True)
 
-    async def _speak(self, seg: Segment, resampler: Resampler, pending_start: bool) -> bool:
-        """Synthesize ``seg`` into the sink; returns whether its first frame
-        is still to come (``segment_start`` for the next frames)."""
+    # --- the speculative first segment ---------------------------------------------
+
+    def speculate(self, raw: Segment | None) -> None:
+        """The segmenter's guess at the first segment (``Segmenter.tentative``,
+        None: no guess now). A new guess drops the one running and starts
+        synthesizing (at most ``MAX_GUESSES`` a context); the same guess, or
+        None, leaves the running one to the cut."""
+        if self._first_taken or raw is None:
+            return
+        if self._guess is not None:
+            if self._guess.segment == raw:
+                return
+            self._drop(self._guess)
+            self._guess = None
+        if self._guesses >= MAX_GUESSES:
+            return
+        self._guesses += 1
+        seg = self.pronouncer.prepare(raw)
+        marks = Marks(self.shared.clock)
+        self._guess = Speculation(raw, self._request(seg, marks), marks, self.voice,
+                                  self.shared.clock.now())
+
+    def _adopt(self, seg: Segment | None) -> Speculation | None:
+        """The first segment is cut: the guess that is this segment, or None
+        (any other guess is dropped)."""
+        self._first_taken = True
+        guess, self._guess = self._guess, None
+        if guess is None:
+            return None
+        if seg is not None and guess.segment == seg:
+            self._count_guess("adopted")
+            return guess
+        self._drop(guess)
+        return None
+
+    def _drop(self, guess: Speculation) -> None:
+        guess.cancel()
+        self._dropped.add(guess)
+        self._count_guess("dropped")
+
+    def _count_guess(self, outcome: str) -> None:
+        self.shared.metrics.first_segment_guesses.labels(self.voice.info.name, outcome).inc()
+
+    # --- synthesis -------------------------------------------------------------------
+
+    def _request(self, seg: Segment, marks: Marks | None) -> SynthesisRequest:
+        return SynthesisRequest(
+            text=seg.text, request_id=f"{self.start.context}-{next(_request_ids)}",
+            first=seg.index == 0, deadline=self._deadline(), marks=marks,
+            clock=self.shared.clock, phonemes=seg.phonemes, speed=seg.speed)
+
+    async def _speak(self, seg: Segment, resampler: Resampler, pending_start: bool,
+                     guess: Speculation | None = None) -> bool:
+        """Synthesize ``seg`` into the sink (or take ``guess``'s synthesis of
+        it); returns whether its first frame is still to come
+        (``segment_start`` for the next frames)."""
         framer = self.framer
         ledger = self.ledger
         now = self.shared.clock.now
         first_audio = ledger.next_seq == 0
-        request = SynthesisRequest(
-            text=seg.text, request_id=f"{self.start.context}-{next(_request_ids)}",
-            first=seg.index == 0, deadline=self._deadline(),
-            marks=self.first_marks if first_audio else None, clock=self.shared.clock,
-            phonemes=seg.phonemes, speed=seg.speed)
-        began = now()
+        if guess is not None:
+            request, began = guess.request, guess.began
+            self.first_marks = guess.marks
+            source = guess.chunks()
+        else:
+            request = self._request(seg, self.first_marks if first_audio else None)
+            began = now()
+            source = self.voice.synthesize(request)
         if first_audio:
             self.first_times = {"began": began}
         seg_samples = 0
@@ -120,7 +203,7 @@ class Speaker:
         live = self.stats.live
         live.begin(request.request_id, began)
         try:
-            async with contextlib.aclosing(self.voice.synthesize(request)) as chunks:
+            async with contextlib.aclosing(source) as chunks:
                 async for chunk in chunks:
                     if first_audio and "pcm" not in self.first_times:
                         self.first_times["pcm"] = now()
@@ -240,4 +323,4 @@ class Speaker:
             ahead_ms=round(ahead_ms(self.ledger.next_seq * self.start.frame_ms, elapsed), 1)))
 
 
-__all__ = ["FIRST_SEND_FRAMES", "OFFLOAD_FRAMES", "Speaker"]
+__all__ = ["FIRST_SEND_FRAMES", "MAX_GUESSES", "OFFLOAD_FRAMES", "Speaker"]
