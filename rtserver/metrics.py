@@ -86,7 +86,7 @@ class Metrics:
 
         self.first_segment_guesses = Counter(
             "rtserver_first_segment_speculations_total",
-            "First segments synthesized before the cut that confirms them, by outcome: "
+            "First segments synthesized before the cut that confirms them: started, then "
             "adopted (the cut was the guess) or dropped (the word went on)",
             ["voice", "outcome"], registry=r)
 

@@ -145,6 +145,7 @@ class Speaker:
         if self._guesses >= MAX_GUESSES:
             return
         self._guesses += 1
+        self._count_guess("started")
         seg = self.pronouncer.prepare(raw)
         marks = Marks(self.shared.clock)
         self._guess = Speculation(raw, self._request(seg, marks), marks, self.voice,

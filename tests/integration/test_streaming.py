@@ -8,6 +8,9 @@ import numpy as np
 
 from rtserver.client import AudioFrames, RtClient
 from rtserver.testing.server_thread import ServerThread
+from rtserver.testing.wait import wait_until_async
+
+from .util import http
 
 REPLY = ("Sure, here is the plan for today. First, we meet Dr. Smith at 9:30 a.m. "
          "to review the $3.50 budget. Then we walk home.")
@@ -132,3 +135,45 @@ async def test_cancel_fences_the_context(server: ServerThread) -> None:
         await again.end()
         assert (await again.collect()).ok
     assert active_contexts(server) == 0  # the cancelled context left the load too
+
+
+async def test_the_first_segment_is_synthesized_before_its_cut(server: ServerThread) -> None:
+    """The speculative first segment on the real server: the sixth word (the
+    first segment's word limit) starts its synthesis before the next word
+    confirms the cut; when the word goes on instead, the guess is dropped and
+    the context speaks the longer word, whole and in order."""
+    def guesses(outcome: str) -> float:
+        _, _, body = http(server.http + "/metrics")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                   if line.startswith("rtserver_first_segment_speculations_total{")
+                   and f'outcome="{outcome}"' in line)
+
+    async with RtClient.connect(server.url) as client:
+        before = {o: guesses(o) for o in ("started", "adopted", "dropped")}
+        ctx = await client.start()
+        for word in ("Here", " are", " the", " six", " words", " now"):
+            await ctx.send_text(word)
+        await wait_until_async(lambda: guesses("started") > before["started"],
+                               "the guess started")
+        await ctx.send_text(" and then the rest.")
+        await ctx.end()
+        first = await ctx.collect()
+
+        ctx = await client.start()
+        for word in ("Here", " are", " the", " six", " words", " no"):
+            await ctx.send_text(word)
+        await wait_until_async(lambda: guesses("started") > before["started"] + 1,
+                               "the second guess started")
+        await ctx.send_text("where to be seen.")
+        await ctx.end()
+        second = await ctx.collect()
+    for result, text in ((first, "Here are the six words now"),
+                         (second, "Here are the six words nowhere")):
+        assert result.ok, (result.error, result.failure)
+        segments = [seg for _, seg in result.times.segments]
+        assert segments[0].text == text
+        assert result.done is not None and result.done.frames == result.frame_count
+        assert result.pcm is not None
+        speech_like(result.pcm, result.started.sample_rate, result.done.spoken_text)
+    assert guesses("adopted") == before["adopted"] + 1
+    assert guesses("dropped") == before["dropped"] + 1
