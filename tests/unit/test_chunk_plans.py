@@ -1,0 +1,34 @@
+"""``tools.measure.chunk_plans``: the trade-off it reports is the plan's own
+arithmetic (a smaller chunk ceiling never makes the listener wait longer, and
+never makes the decoder compute less), and its default row is the server's."""
+
+from __future__ import annotations
+
+import itertools
+
+from rtserver.core.first_heard import first_heard_ms
+from rtserver.tools.measure.chunk_plans import FRAME_MS, decoded_per_frame, rows
+from rtserver.vocoder.config import VocoderConfig
+from rtserver.voices.orpheus import codes as ot
+from rtserver.voices.token_voice import chunk_timing
+
+
+def test_smaller_ceilings_trade_decoder_work_for_first_heard_audio() -> None:
+    rtfs = [0.3, 0.72, 0.95]
+    table = rows(rtfs, [16, 8, 4, 2], 2.0, [60], 40.0)
+    for wide, narrow in itertools.pairwise(table):
+        for r in rtfs:
+            assert narrow[f"heard_{r}"] <= wide[f"heard_{r}"] + 1e-9
+        assert narrow["decoded_per_frame_60"] >= wide["decoded_per_frame_60"] - 1e-9
+    # at r 0.72 the default's doubling chunks make the listener wait far longer
+    assert table[0]["heard_0.72"] > 1.5 * table[1]["heard_0.72"]
+    assert all(row["decoded_per_frame_60"] > 1.0 for row in table)  # context + lookahead
+
+
+def test_the_default_row_is_the_servers_plan() -> None:
+    config = VocoderConfig()
+    plan, cost = chunk_timing(config.chunk_config(ot.SAMPLES_PER_FRAME), ot.SAMPLE_RATE,
+                              FRAME_MS)
+    row = rows([0.5], [config.max_chunk_frames], config.growth, [24], 40.0)[0]
+    assert row["heard_0.5"] == first_heard_ms(0.5, list(plan), 40.0, cost_ms=list(cost))
+    assert decoded_per_frame(config, 24) == row["decoded_per_frame_24"]
