@@ -17,7 +17,7 @@ import numpy as np
 from test_core_guarantees import RecordingSink, audio_of
 
 from rtserver.audio.pcm import PcmChunk
-from rtserver.core import SpeechCore
+from rtserver.core import SpeechContext, SpeechCore
 from rtserver.core.speaker import MAX_GUESSES
 from rtserver.protocol.messages import Done, Start
 from rtserver.testing.wait import wait_until_async
@@ -88,14 +88,18 @@ def make(first_max_words: int = 3, speculate: bool = True
     return voice, core, RecordingSink()
 
 
+async def guessed(voice: LevelVoice, ctx: SpeechContext, text: str) -> None:
+    """Feed ``text`` and wait until the voice is asked for it (the guess)."""
+    ctx.feed(text)
+    await wait_until_async(lambda: voice.started[-1:] == [text], f"a guess of {text!r}")
+
+
 async def test_a_confirmed_guess_is_spoken_before_the_cut_and_heard_once() -> None:
     voice, core, sink = make()
     ctx = core.open(START, sink)
     async with asyncio.TaskGroup() as group:
         run = group.create_task(ctx.run())
-        ctx.feed("One two three")
-        await wait_until_async(lambda: voice.started == ["One two three"],
-                               "the guess started")  # before any space
+        await guessed(voice, ctx, "One two three")  # before any space
         assert levels_heard(sink.events) == []  # held until the cut confirms it
         ctx.feed(" four.")
         await wait_until_async(lambda: levels_heard(sink.events), "first audio")
@@ -114,8 +118,7 @@ async def test_a_word_that_goes_on_drops_the_guess_and_nothing_of_it_is_heard() 
     ctx = core.open(START, sink)
     async with asyncio.TaskGroup() as group:
         run = group.create_task(ctx.run())
-        ctx.feed("One two won")
-        await wait_until_async(lambda: voice.started == ["One two won"], "the guess started")
+        await guessed(voice, ctx, "One two won")
         ctx.feed("der")
         # the guess is stopped (its request closed) and the longer word guessed
         await wait_until_async(lambda: "One two won" in voice.closed, "the guess closed")
@@ -142,8 +145,8 @@ async def test_a_word_arriving_letter_by_letter_costs_at_most_the_cap() -> None:
         ctx.feed(" day.")
         ctx.end()
         await run
-    guessed = voice.started[:-2]  # the rest: the cut segment and the last one
-    assert len(guessed) <= MAX_GUESSES
+    early = voice.started[:-2]  # the rest: the cut segment and the last one
+    assert len(early) <= MAX_GUESSES
     assert voice.started[-2:] == ["Hi wonderful", "day."]
     assert levels_heard(sink.events) == [level("Hi wonderful")] * 2 + [level("day.")] * 2
     assert sorted(voice.closed) == sorted(voice.started)
@@ -153,8 +156,7 @@ async def test_cancel_and_end_leave_no_guess_running() -> None:
     voice, core, sink = make()
     ctx = core.open(START, sink)
     task = asyncio.create_task(ctx.run())
-    ctx.feed("One two three")
-    await wait_until_async(lambda: voice.started == ["One two three"], "the guess started")
+    await guessed(voice, ctx, "One two three")
     await ctx.cancel()
     assert voice.closed == ["One two three"]  # stopped before cancelled was sent
     assert levels_heard(sink.events) == [] and task.done()
@@ -162,8 +164,7 @@ async def test_cancel_and_end_leave_no_guess_running() -> None:
     voice, core, sink = make()
     ctx = core.open(START, sink)
     task = asyncio.create_task(ctx.run())
-    ctx.feed("One two three")
-    await wait_until_async(lambda: voice.started == ["One two three"], "the guess started")
+    await guessed(voice, ctx, "One two three")
     ctx.feed("-ish")  # not the guess; ends without a space
     ctx.end()
     voice.gate.set()
