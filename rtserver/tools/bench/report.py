@@ -28,6 +28,18 @@ def _order(key: GroupKey) -> tuple[int, str, str, str, float]:
     return (rank, system, key[1], key[2], key[3])
 
 
+def _guesses(series: dict[str, float]) -> str:
+    """``started / adopted / dropped`` summed over voices, or "–" without any."""
+    counts = {"started": 0.0, "adopted": 0.0, "dropped": 0.0}
+    for labels, value in series.items():
+        for outcome in counts:
+            if f"outcome={outcome}" in labels.split(","):
+                counts[outcome] += value
+    if not any(counts.values()):
+        return "–"
+    return " / ".join(f"{v:g}" for v in counts.values())
+
+
 def _fmt(v: float | None, digits: int = 0) -> str:
     if v is None:
         return "–"
@@ -313,6 +325,8 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
         rtf = next(iter((m.get("rtserver_rtf") or {}).get("series", {}).values()), None)
         errs = (m.get("rtserver_errors") or {}).get("series", {})
         outcomes = (m.get("rtserver_contexts") or {}).get("series", {})
+        guesses = _guesses((m.get("rtserver_first_segment_speculations") or {}).get("series",
+                                                                                  {}))
         if ttfa is None and rtf is None and not outcomes:
             continue
         server_rows.append([
@@ -321,13 +335,16 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
             _fmt(ttfa["p95"]) if ttfa else "–", _fmt(ttfa["p99"]) if ttfa else "–",
             _fmt(rtf["p50"], 3) if rtf else "–", _fmt(rtf["p99"], 3) if rtf else "–",
             ", ".join(f"{k}: {v:g}" for k, v in outcomes.items()) or "–",
-            ", ".join(f"{k}: {v:g}" for k, v in errs.items()) or "0"])
+            ", ".join(f"{k}: {v:g}" for k, v in errs.items()) or "0", guesses])
     if server_rows:
         lines += ["## Server side (/metrics, change over each step)", "",
                   "Histogram quantiles are bucket interpolations (as Prometheus' "
-                  "`histogram_quantile`), so they are coarse.", ""]
+                  "`histogram_quantile`), so they are coarse. First-segment guesses: "
+                  "speculative first segments started / adopted / dropped "
+                  "(`rtserver_first_segment_speculations_total`).", ""]
         lines += _table(["system", "load", "level", "ttfa n", "ttfa p50", "p95", "p99",
-                         "rtf p50", "rtf p99", "contexts", "errors"], server_rows)
+                         "rtf p50", "rtf p99", "contexts", "errors",
+                         "first-segment guesses"], server_rows)
         lines.append("")
     lines += ["## Definitions", "",
               "See tools/bench/measure.py (which send completes the first segment: the fragment "
