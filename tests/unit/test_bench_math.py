@@ -365,10 +365,8 @@ def test_worker_ipc_bench_smoke(tmp_path: Path) -> None:
 
 
 def test_first_segment_guesses_are_summed_over_voices() -> None:
-    from rtserver.tools.bench.report import _guesses
-
     series = {"outcome=started,voice=a": 3.0, "outcome=adopted,voice=a": 2.0,
               "outcome=dropped,voice=a": 1.0, "outcome=started,voice=b": 1.0,
               "outcome=adopted,voice=b": 1.0}
-    assert _guesses(series) == "4 / 3 / 1"
-    assert _guesses({}) == "–"
+    assert report._guesses(series) == "4 / 3 / 1"
+    assert report._guesses({}) == "–"
