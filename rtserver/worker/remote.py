@@ -16,6 +16,12 @@ routes each request's chunks to its own bounded buffer, and a heartbeat task.
   ``request_buffer_s`` fails that request with ``overloaded`` and cancels it
   in the worker: the reader never waits, so the worker never does either.
 - Stopping a ``synthesize`` early (cancel, ``aclose``) sends ``Cancel``.
+- Starts elsewhere: the worker's ``Load`` says how many contexts' first
+  segments wait there for their first output, and how many of them are this
+  front end's; ``RemoteVoice.starting_elsewhere`` (the other front ends'
+  part) is what the server adds to this process's own starting contexts for
+  a first ``buffer`` hint and a predicted first heard audio
+  (``core.stats.ServerLoad.starting_ahead``).
 - Voices made at run time (LoRA adapters, ``POST /v1/admin/voices``): a
   ``RemoteMaker`` per family the worker makes voices for asks it
   (``MakeVoice`` / ``DropVoice``); the worker tells every front end its new
@@ -239,6 +245,19 @@ class WorkerLink:
     def capacity(self, family: str) -> int:
         return self.ready.capacity.get(family, 0) if self.ready is not None else 0
 
+    def starting(self, family: str) -> int:
+        """First segments of ``family`` waiting in the worker for their first
+        output, every front end's (last ``Load``)."""
+        return self.load.starting.get(family, 0) if self.load is not None else 0
+
+    def starting_elsewhere(self, family: str) -> int:
+        """Those of other front ends: ``starting`` less this one's share, both
+        from the same ``Load`` (this front end's own starts are its core's)."""
+        load = self.load
+        if load is None:
+            return 0
+        return max(0, load.starting.get(family, 0) - load.starting_yours.get(family, 0))
+
     # -- the worker's side -----------------------------------------------------------
     def _lost(self, why: str) -> None:
         """Fail every open request; the voices are down until a new ``Ready``."""
@@ -424,6 +443,11 @@ class RemoteVoice:
         """Why the voice cannot take contexts now (the worker is away), or None."""
         return None if self.link.up else f"GPU worker down: {self.link.why_down}"
 
+    def starting_elsewhere(self) -> int:
+        """Contexts of this voice's family that other front ends are starting
+        in the worker now (first segments without output yet)."""
+        return self.link.starting_elsewhere(self._info.family)
+
     def admit(self, context: str) -> None:
         """Refuse a new context while the worker is away (``engine_failed``)
         or holds its capacity of requests (``overloaded``)."""
@@ -477,12 +501,18 @@ class LinkCollector(Collector):
                                    labels=["family"])
         cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
                                 "Requests the GPU worker serves at once", labels=["family"])
+        starting = GaugeMetricFamily(
+            "rtserver_gpu_worker_starting_requests",
+            "Contexts' first segments in the GPU worker without output yet (all front ends)",
+            labels=["family"])
         ready = self.link.ready
         for family in (ready.capacity if ready is not None else {}):
             active.add_metric([family], float(self.link.active(family)))
             cap.add_metric([family], float(self.link.capacity(family)))
+            starting.add_metric([family], float(self.link.starting(family)))
         yield active
         yield cap
+        yield starting
         yield from self.link.chunk_delay_seconds.collect()
 
 
