@@ -216,6 +216,9 @@ class WorkerServer:
             task = asyncio.create_task(self._run(peer, voice, msg),
                                        name=f"request {msg.request_id}")
         self._requests[key] = req = _Request(peer, family, task)
+        # a done callback, not _run's finally: a task cancelled before it first
+        # ran (its Cancel read in the same batch) never runs its body
+        task.add_done_callback(lambda _: self._finished(key, req))
         if msg.first:
             self._set_starting(req, True)
 
@@ -262,11 +265,13 @@ class WorkerServer:
             log.exception("request %s failed", rid)
             self._send_failed(peer, m.Failed(request_id=rid, code=ErrorCode.ENGINE_FAILED.value,
                                              message=f"voice failed: {exc}"))
-        finally:
-            req = self._requests.pop((peer, rid), None)
-            if req is not None:
-                self.active[req.family] -= 1
-                self._set_starting(req, False)
+
+    def _finished(self, key: tuple[bytes, str], req: _Request) -> None:
+        """``req`` ended (or was cancelled before it ran): its slot is free."""
+        if self._requests.get(key) is req:
+            del self._requests[key]
+            self.active[req.family] -= 1
+            self._set_starting(req, False)
 
     # -- starts: what a storm has queued here ---------------------------------
     def _output_began(self, peer: bytes, request_id: str) -> None:

@@ -399,6 +399,23 @@ async def test_every_front_end_hears_of_the_starts_queued_in_the_worker(tmp_path
         await b.close()
 
 
+async def test_a_request_cancelled_before_it_ran_frees_its_slot(tmp_path: Path) -> None:
+    """A ``Cancel`` read in the same batch as its ``Synthesize`` cancels a task
+    that never ran: its slot and its start are still given back."""
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (r, link, remote):
+        for i in range(4):  # each sent and cancelled at once
+            with link.request(m.Synthesize(request_id=f"r{i}", voice="fake:a", text="hi",
+                                           first=True)):
+                pass
+        # read after them: the worker has handled the four
+        assert len([c async for c in remote["fake:a"].synthesize(request("last"))]) == 5
+        assert r.server is not None
+        await until(lambda: r.server is not None and r.server.active["fake"] == 0)
+        assert r.server.starting["fake"] == 0
+        await until(lambda: link.active("fake") == 0 and link.starting("fake") == 0)
+
+
 async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> None:
     """Front ends number their requests on their own; the worker's engines
     still see distinct ids, and each front end gets its own audio."""
