@@ -125,6 +125,9 @@ class WorkerServer:
             capacity=self.capacity, makers=tuple(self.makers))
         self._requests: dict[tuple[bytes, str], _Request] = {}
         self._seen: dict[bytes, float] = {}  # front end -> when it last spoke
+        # connections that said Hello: a request on another one was queued for
+        # a worker before this one (a front end's pipe outlives a disconnect)
+        self._greeted: set[bytes] = set()
         self._owed: list[tuple[bytes, m.Failed]] = []  # failures a full queue held back
         self.engine_dead = asyncio.Event()
         self._sock: zmq.asyncio.Socket | None = None
@@ -325,6 +328,8 @@ class WorkerServer:
         ``tell``: it may still be there (it was only silent), so each request
         is failed to it too, rather than left waiting for ever."""
         self._seen.pop(peer, None)
+        if not tell:  # gone for good (a silent one may speak again, greeted)
+            self._greeted.discard(peer)
         self._owed = [(p, f) for p, f in self._owed if p != peer]
         gone = [(rid, r) for (p, rid), r in self._requests.items() if p == peer]
         if gone:
@@ -346,7 +351,14 @@ class WorkerServer:
             log.warning("front end %s sent an unreadable message", peer.hex())
             return
         self._seen[peer] = time.monotonic()
-        if isinstance(msg, m.Synthesize):
+        if isinstance(msg, (m.Synthesize, m.MakeVoice, m.DropVoice)) and peer not in self._greeted:
+            # meant for the worker before this one: its front end failed it already
+            log.warning("front end %s: request %s before Hello, refused", peer.hex(),
+                        msg.request_id)
+            self._send_failed(peer, m.Failed(
+                request_id=msg.request_id, code=ErrorCode.ENGINE_FAILED.value,
+                message="the GPU worker restarted; say Hello first"))
+        elif isinstance(msg, m.Synthesize):
             self._start(peer, msg)
         elif isinstance(msg, m.Cancel):
             self._cancel(peer, msg.request_id)
@@ -358,6 +370,7 @@ class WorkerServer:
             with contextlib.suppress(zmq.Again, PeerGone):
                 self._send(peer, self._load_for(peer))
         else:  # Hello
+            self._greeted.add(peer)
             with contextlib.suppress(zmq.Again, PeerGone):
                 self._send(peer, self.ready)
 

@@ -140,12 +140,17 @@ class WorkerLink:
         self._seen = 0.0  # when the worker last answered
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues while it is away
+        # Not ZMQ_IMMEDIATE: it ends the pipe at a disconnect, dropping what
+        # the worker sent last and this side has not read yet (a dying
+        # engine's Failed). Nothing queues while the worker is away all the
+        # same: ``_send`` refuses until the monitor has seen the connection.
+        self._connected = False
         self._sock.setsockopt(zmq.LINGER, 0)
         # a restarted worker is found within a quarter second of its bind
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 250)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED
+                                                      | zmq.EVENT_DISCONNECTED)
         self._sock.connect(endpoint)
         self._tasks: list[asyncio.Task[None]] = []
         self._first_ready = asyncio.Event()
@@ -193,6 +198,8 @@ class WorkerLink:
     # -- sending -----------------------------------------------------------------
     def _send(self, msg: m.Down) -> None:
         """Send now, or raise ``zmq.Again`` (no worker connected)."""
+        if not self._connected:
+            raise zmq.Again()
         sent_now(self._sock.send(m.encode(msg), flags=zmq.DONTWAIT))
 
     def _try_send(self, msg: m.Down) -> None:
@@ -379,10 +386,16 @@ class WorkerLink:
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _watch(self) -> None:
-        """The socket's disconnect: the worker's process ended (seen at once)."""
+        """The socket's connection: a worker there (say ``Hello`` at once), or
+        its disconnect: the worker's process ended (seen at once)."""
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self._connected = True
+                if not self.up:
+                    self._try_send(m.Hello(pid=os.getpid()))
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self._connected = False
                 self._drain()
                 self._lost("its socket closed")
 
