@@ -86,7 +86,9 @@ def predicted_first_heard_ms(stats: VoiceStats, info: VoiceInfo, heard: HeardFor
     (a first segment of ``FIRST_SEGMENT_CHARS``, at most the segmenter's
     first limit) at the r that hint will plan with: ``rtf_estimate`` with
     the new context counted in the load, and the work of the contexts
-    starting now queued ahead of it (``queued_ahead_ms``). 0.0 before the voice is measured
+    starting now queued ahead of it (``queued_ahead_ms`` of ``ServerLoad.
+    starting_ahead``: other front ends' too, for a voice behind a GPU
+    worker). 0.0 before the voice is measured
     (no warm-up yet): ``default_rtf`` errs long for hints, and is no ground
     to refuse a context on."""
     if not stats.measured:
@@ -95,7 +97,8 @@ def predicted_first_heard_ms(stats: VoiceStats, info: VoiceInfo, heard: HeardFor
     chunks, cost = hint_chunks(info, heard, at_start=True,
                                segment_chars=min(limit(0), FIRST_SEGMENT_CHARS), index=0,
                                audio_ms_per_char=stats.audio_ms_per_char, limit=limit)
-    ahead = queued_ahead_ms(stats.load.starting_now(now), rtf, chunks, info.parallel_segments)
+    ahead = queued_ahead_ms(stats.load.starting_ahead(info.name, now), rtf, chunks,
+                            info.parallel_segments)
     # its hint asks for that much more audio, and its own chunks wait for them
     return ahead + first_heard_ms(rtf, chunks, hints.jitter_ms + ahead, cost_ms=cost)
 

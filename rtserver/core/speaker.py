@@ -310,8 +310,8 @@ class Speaker:
                                    limit=self.shared.segmenter_config.limit)
         jitter = hints.jitter_ms
         if self.ledger.next_seq == 0:  # the first audio: others' first chunks come first
-            others = self.shared.load.starting_now(now) - (id(self.ledger) in
-                                                           self.shared.load.starting)
+            others = self.shared.load.starting_ahead(self.voice.info.name, now) - (
+                id(self.ledger) in self.shared.load.starting)
             jitter += queued_ahead_ms(others, rtf, chunks, self.voice.info.parallel_segments)
         hint = prebuffer_ms(rtf, chunks, jitter, cost_ms=cost)
         if self.first_hint_ms is None:

@@ -3,6 +3,7 @@ rates (the hints plan with them). Pure: no I/O, times passed in."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rtserver.core.heard import ListenerCorrection
@@ -20,6 +21,10 @@ DEFAULT_AUDIO_MS_PER_CHAR = 65.0
 STARTING_WINDOW_S = 2.0
 
 
+def _none_elsewhere(voice: str) -> int:
+    return 0
+
+
 @dataclass(slots=True)
 class ServerLoad:
     """Contexts open in the server now (started, not yet done, cancelled or
@@ -33,10 +38,20 @@ class ServerLoad:
     # (a CPU voice serves first chunks first). One opened this long ago
     # without audio (its text has not come) stops counting.
     starting: dict[int, float] = field(default_factory=dict)
+    # Starts of a voice that other processes queue where this one's go too
+    # (a GPU worker's other front ends), by voice name; the server sets it.
+    starting_elsewhere: Callable[[str], int] = _none_elsewhere
 
     def starting_now(self, now: float) -> int:
         """Contexts starting now (opened within ``STARTING_WINDOW_S``, no audio yet)."""
         return sum(1 for t in self.starting.values() if now - t < STARTING_WINDOW_S)
+
+    def starting_ahead(self, voice: str, now: float) -> int:
+        """Starts a new context of ``voice`` queues behind: this process's
+        (``starting_now``) and other processes' in the same place
+        (``starting_elsewhere``), so a storm spread over N front ends counts
+        in full on each."""
+        return self.starting_now(now) + self.starting_elsewhere(voice)
 
 
 @dataclass(slots=True)

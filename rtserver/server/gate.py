@@ -91,6 +91,16 @@ class VoiceHealth(Protocol):
         ...
 
 
+@runtime_checkable
+class SharedStarts(Protocol):
+    """A voice whose starts queue in a process other front ends use too
+    (a GPU worker's voice): it knows how many of theirs are starting there."""
+
+    def starting_elsewhere(self) -> int:
+        """Contexts other front ends are starting with this voice's engine now."""
+        ...
+
+
 class Gate:
     def __init__(self, config: AdmissionConfig, voices: Iterable[str]) -> None:
         self.config = config
@@ -212,5 +222,5 @@ class MessagePace:
         return 0.0
 
 
-__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "VoiceHealth",
+__all__ = ["DRAINING_RETRY_MS", "Draining", "Gate", "MessagePace", "SharedStarts", "VoiceHealth",
            "max_starting", "reject_reason"]

@@ -17,7 +17,7 @@ from rtserver.core import ServerLoad, SpeechCore, VoiceStats, voice_lexicons
 from rtserver.metrics import Metrics
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.server.breaker import BreakerState
-from rtserver.server.gate import Gate, VoiceHealth
+from rtserver.server.gate import Gate, SharedStarts, VoiceHealth
 from rtserver.server.guarded import GuardedVoice
 from rtserver.server.workers import current as current_worker
 from rtserver.voices.base import Voice, VoiceMaker
@@ -68,6 +68,8 @@ class AppState:
                                max_text_chars=cfg.server.max_text_chars,
                                lexicons=voice_lexicons(cfg.voice.lexicons, list(self.voices)))
         self.gate.starting = self.core.load.starting_now  # a burst's starts, for admission
+        # a GPU worker's voice: other front ends' starts there count in first hints
+        self.core.load.starting_elsewhere = self._starting_elsewhere
         served = self.voices
         self.gate.start_limited = lambda name: (
             name in served and served[name].info.parallel_segments > 0)
@@ -79,6 +81,10 @@ class AppState:
             _, _, short = name.partition(":")
             if short and short not in self.voices:
                 self.voice_aliases.setdefault(short, name)
+
+    def _starting_elsewhere(self, name: str) -> int:
+        voice = self.gate.health.get(name)  # the voices behind a GPU worker, unwrapped
+        return voice.starting_elsewhere() if isinstance(voice, SharedStarts) else 0
 
     def add_voice(self, voice: Voice) -> str:
         """Serve a voice made at run time (a LoRA voice); returns its name."""

@@ -114,11 +114,21 @@ class Voices(msgspec.Struct, frozen=True, kw_only=True, tag="voices"):
 
 
 class Load(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
-    """Requests the worker holds now, per family, against ``capacity``."""
+    """Requests the worker holds now, per family, against ``capacity``; and
+    of them, the contexts' first segments whose first output has not come
+    yet (``starting``: every front end's; ``starting_yours``: the share of
+    the front end this ``Load`` goes to). A start storm spread over several
+    front ends is queued here, where each front end sees only its part: a
+    front end adds the others' part to its first ``buffer`` hints and its
+    predicted first heard audio. Sent to every ``Ping``, and to every front
+    end within ``proc.LOAD_PUSH_S`` of a change of ``starting``. A worker
+    that does not send the two (an older one) counts as none starting."""
 
     epoch: str
     active: dict[str, int]
     capacity: dict[str, int]
+    starting: dict[str, int] = msgspec.field(default_factory=dict)
+    starting_yours: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):

@@ -10,7 +10,10 @@ it competes with them for the GIL.
 
 Its contract with front ends (``messages``):
 
-- ``Hello`` -> ``Ready`` (voices, capacity); ``Ping`` -> ``Load``.
+- ``Hello`` -> ``Ready`` (voices, capacity); ``Ping`` -> ``Load``. A
+  change in the first segments waiting for their first output (a start
+  storm, from any front end) sends every front end a ``Load`` within
+  ``LOAD_PUSH_S`` (one timer, however many requests changed).
 - ``Synthesize`` runs the voice's ``synthesize``; each chunk goes up as
   ``Chunk`` + its samples, then ``End``, or ``Failed`` with an error code.
   A context's first segment (``first``) over the family's capacity is refused
@@ -73,6 +76,11 @@ CLOSE_LINGER_MS = 1000
 ENGINE_DEAD_EXIT = 70
 # How often the engines' probes are read.
 ENGINE_WATCH_S = 0.25
+# After the requests starting (first segments without output yet) change, a
+# ``Load`` goes to every front end within this long: a storm's first hints
+# are computed within a few tens of ms of its first segments; the 0.25 s
+# heartbeat would show them after most of those hints were sent.
+LOAD_PUSH_S = 0.02
 
 
 class PeerGone(Exception):
@@ -84,6 +92,7 @@ class _Request:
     peer: bytes
     family: str
     task: asyncio.Task[None]
+    starting: bool = False  # a first segment, its first output not sent yet
 
 
 class WorkerServer:
@@ -106,12 +115,19 @@ class WorkerServer:
         self.epoch = uuid.uuid4().hex[:12]
         self.capacity = dict(capacity)
         self.active = {fam: 0 for fam in capacity}
+        # first segments without output yet, per family, and per front end
+        self.starting = {fam: 0 for fam in capacity}
+        self._starting_of: dict[bytes, dict[str, int]] = {}
+        self._push: asyncio.TimerHandle | None = None  # the pending Load to every front end
         self.ready = m.Ready(
             epoch=self.epoch, pid=os.getpid(),
             voices=self._entries(), by_spec=dict(by_spec), default=default,
             capacity=self.capacity, makers=tuple(self.makers))
         self._requests: dict[tuple[bytes, str], _Request] = {}
         self._seen: dict[bytes, float] = {}  # front end -> when it last spoke
+        # connections that said Hello: a request on another one was queued for
+        # a worker before this one (a front end's pipe outlives a disconnect)
+        self._greeted: set[bytes] = set()
         self._owed: list[tuple[bytes, m.Failed]] = []  # failures a full queue held back
         self.engine_dead = asyncio.Event()
         self._sock: zmq.asyncio.Socket | None = None
@@ -202,7 +218,12 @@ class WorkerServer:
         with request_scope(msg.log_id):  # its log lines carry its context's id
             task = asyncio.create_task(self._run(peer, voice, msg),
                                        name=f"request {msg.request_id}")
-        self._requests[key] = _Request(peer, family, task)
+        self._requests[key] = req = _Request(peer, family, task)
+        # a done callback, not _run's finally: a task cancelled before it first
+        # ran (its Cancel read in the same batch) never runs its body
+        task.add_done_callback(lambda _: self._finished(key, req))
+        if msg.first:
+            self._set_starting(req, True)
 
     async def _run(self, peer: bytes, voice: Voice, msg: m.Synthesize) -> None:
         rid = msg.request_id
@@ -214,6 +235,7 @@ class WorkerServer:
                                    deadline=msg.deadline, marks=marks, clock=SYSTEM_CLOCK,
                                    speed=msg.speed)
         mark_sent = marks is None
+        first_out = msg.first
         try:
             async with contextlib.aclosing(voice.synthesize(request)) as chunks:
                 async for chunk in chunks:
@@ -223,6 +245,9 @@ class WorkerServer:
                     self._send(peer, m.Chunk(request_id=rid, sample_rate=chunk.sample_rate,
                                              sent_at=time.monotonic(), model_output_at=at),
                                chunk.samples)
+                    if first_out:
+                        first_out = False
+                        self._output_began(peer, rid)
             self._send(peer, m.End(request_id=rid))
         except zmq.Again:
             log.warning("front end %s does not keep up: request %s fails", peer.hex(), rid)
@@ -243,10 +268,50 @@ class WorkerServer:
             log.exception("request %s failed", rid)
             self._send_failed(peer, m.Failed(request_id=rid, code=ErrorCode.ENGINE_FAILED.value,
                                              message=f"voice failed: {exc}"))
-        finally:
-            req = self._requests.pop((peer, rid), None)
-            if req is not None:
-                self.active[req.family] -= 1
+
+    def _finished(self, key: tuple[bytes, str], req: _Request) -> None:
+        """``req`` ended (or was cancelled before it ran): its slot is free."""
+        if self._requests.get(key) is req:
+            del self._requests[key]
+            self.active[req.family] -= 1
+            self._set_starting(req, False)
+
+    # -- starts: what a storm has queued here ---------------------------------
+    def _output_began(self, peer: bytes, request_id: str) -> None:
+        req = self._requests.get((peer, request_id))
+        if req is not None:
+            self._set_starting(req, False)
+
+    def _set_starting(self, req: _Request, starting: bool) -> None:
+        if req.starting == starting:
+            return
+        req.starting = starting
+        step = 1 if starting else -1
+        self.starting[req.family] = self.starting.get(req.family, 0) + step
+        mine = self._starting_of.setdefault(req.peer, {})
+        mine[req.family] = mine.get(req.family, 0) + step
+        if not any(mine.values()):
+            del self._starting_of[req.peer]
+        if self._push is None:  # one timer for every change within LOAD_PUSH_S
+            self._push = asyncio.get_running_loop().call_later(LOAD_PUSH_S, self._push_load)
+
+    def _load_for(self, peer: bytes) -> m.Load:
+        return m.Load(epoch=self.epoch, active=dict(self.active), capacity=self.capacity,
+                      starting=dict(self.starting),
+                      starting_yours=dict(self._starting_of.get(peer, {})))
+
+    def _push_load(self) -> None:
+        """Every front end heard from gets the load now (the starts changed)."""
+        self._push = None
+        if self._sock is None or self._sock.closed:
+            return
+        for peer in list(self._seen):
+            try:
+                self._send(peer, self._load_for(peer))
+            except zmq.Again:
+                pass  # its queue is full: its next Ping's answer says it
+            except PeerGone:
+                self._drop_peer(peer, "gone")
 
     @property
     def frontends(self) -> int:
@@ -263,6 +328,8 @@ class WorkerServer:
         ``tell``: it may still be there (it was only silent), so each request
         is failed to it too, rather than left waiting for ever."""
         self._seen.pop(peer, None)
+        if not tell:  # gone for good (a silent one may speak again, greeted)
+            self._greeted.discard(peer)
         self._owed = [(p, f) for p, f in self._owed if p != peer]
         gone = [(rid, r) for (p, rid), r in self._requests.items() if p == peer]
         if gone:
@@ -284,7 +351,14 @@ class WorkerServer:
             log.warning("front end %s sent an unreadable message", peer.hex())
             return
         self._seen[peer] = time.monotonic()
-        if isinstance(msg, m.Synthesize):
+        if isinstance(msg, (m.Synthesize, m.MakeVoice, m.DropVoice)) and peer not in self._greeted:
+            # meant for the worker before this one: its front end failed it already
+            log.warning("front end %s: request %s before Hello, refused", peer.hex(),
+                        msg.request_id)
+            self._send_failed(peer, m.Failed(
+                request_id=msg.request_id, code=ErrorCode.ENGINE_FAILED.value,
+                message="the GPU worker restarted; say Hello first"))
+        elif isinstance(msg, m.Synthesize):
             self._start(peer, msg)
         elif isinstance(msg, m.Cancel):
             self._cancel(peer, msg.request_id)
@@ -294,9 +368,9 @@ class WorkerServer:
             task.add_done_callback(self._admin_tasks.discard)
         elif isinstance(msg, m.Ping):
             with contextlib.suppress(zmq.Again, PeerGone):
-                self._send(peer, m.Load(epoch=self.epoch, active=dict(self.active),
-                                        capacity=self.capacity))
+                self._send(peer, self._load_for(peer))
         else:  # Hello
+            self._greeted.add(peer)
             with contextlib.suppress(zmq.Again, PeerGone):
                 self._send(peer, self.ready)
 
@@ -362,6 +436,9 @@ class WorkerServer:
         finally:
             for task in (janitor, watch, stopping, dead):
                 task.cancel()
+            if self._push is not None:
+                self._push.cancel()
+                self._push = None
             tasks = [r.task for r in self._requests.values()]
             for task in tasks:
                 task.cancel()
@@ -442,13 +519,18 @@ class WorkerCollector(Collector):
                                  labels=["family"])
         cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
                                 "Requests the GPU worker serves at once", labels=["family"])
+        starting = GaugeMetricFamily(
+            "rtserver_gpu_worker_starting_requests",
+            "Contexts' first segments in the GPU worker without output yet (all front ends)",
+            labels=["family"])
         for family, n in self.server.capacity.items():
             held.add_metric([family], float(self.server.active.get(family, 0)))
             cap.add_metric([family], float(n))
+            starting.add_metric([family], float(self.server.starting.get(family, 0)))
         fronts = GaugeMetricFamily("rtserver_gpu_worker_frontends",
                                    "Front ends that spoke to the GPU worker lately")
         fronts.add_metric([], float(self.server.frontends))
-        yield from (held, cap, fronts)
+        yield from (held, cap, starting, fronts)
 
 
 def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer

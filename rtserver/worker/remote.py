@@ -16,6 +16,12 @@ routes each request's chunks to its own bounded buffer, and a heartbeat task.
   ``request_buffer_s`` fails that request with ``overloaded`` and cancels it
   in the worker: the reader never waits, so the worker never does either.
 - Stopping a ``synthesize`` early (cancel, ``aclose``) sends ``Cancel``.
+- Starts elsewhere: the worker's ``Load`` says how many contexts' first
+  segments wait there for their first output, and how many of them are this
+  front end's; ``RemoteVoice.starting_elsewhere`` (the other front ends'
+  part) is what the server adds to this process's own starting contexts for
+  a first ``buffer`` hint and a predicted first heard audio
+  (``core.stats.ServerLoad.starting_ahead``).
 - Voices made at run time (LoRA adapters, ``POST /v1/admin/voices``): a
   ``RemoteMaker`` per family the worker makes voices for asks it
   (``MakeVoice`` / ``DropVoice``); the worker tells every front end its new
@@ -134,12 +140,17 @@ class WorkerLink:
         self._seen = 0.0  # when the worker last answered
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues while it is away
+        # Not ZMQ_IMMEDIATE: it ends the pipe at a disconnect, dropping what
+        # the worker sent last and this side has not read yet (a dying
+        # engine's Failed). Nothing queues while the worker is away all the
+        # same: ``_send`` refuses until the monitor has seen the connection.
+        self._connected = False
         self._sock.setsockopt(zmq.LINGER, 0)
         # a restarted worker is found within a quarter second of its bind
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 250)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED
+                                                      | zmq.EVENT_DISCONNECTED)
         self._sock.connect(endpoint)
         self._tasks: list[asyncio.Task[None]] = []
         self._first_ready = asyncio.Event()
@@ -187,6 +198,8 @@ class WorkerLink:
     # -- sending -----------------------------------------------------------------
     def _send(self, msg: m.Down) -> None:
         """Send now, or raise ``zmq.Again`` (no worker connected)."""
+        if not self._connected:
+            raise zmq.Again()
         sent_now(self._sock.send(m.encode(msg), flags=zmq.DONTWAIT))
 
     def _try_send(self, msg: m.Down) -> None:
@@ -238,6 +251,19 @@ class WorkerLink:
 
     def capacity(self, family: str) -> int:
         return self.ready.capacity.get(family, 0) if self.ready is not None else 0
+
+    def starting(self, family: str) -> int:
+        """First segments of ``family`` waiting in the worker for their first
+        output, every front end's (last ``Load``)."""
+        return self.load.starting.get(family, 0) if self.load is not None else 0
+
+    def starting_elsewhere(self, family: str) -> int:
+        """Those of other front ends: ``starting`` less this one's share, both
+        from the same ``Load`` (this front end's own starts are its core's)."""
+        load = self.load
+        if load is None:
+            return 0
+        return max(0, load.starting.get(family, 0) - load.starting_yours.get(family, 0))
 
     # -- the worker's side -----------------------------------------------------------
     def _lost(self, why: str) -> None:
@@ -360,10 +386,16 @@ class WorkerLink:
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _watch(self) -> None:
-        """The socket's disconnect: the worker's process ended (seen at once)."""
+        """The socket's connection: a worker there (say ``Hello`` at once), or
+        its disconnect: the worker's process ended (seen at once)."""
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self._connected = True
+                if not self.up:
+                    self._try_send(m.Hello(pid=os.getpid()))
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self._connected = False
                 self._drain()
                 self._lost("its socket closed")
 
@@ -424,6 +456,11 @@ class RemoteVoice:
         """Why the voice cannot take contexts now (the worker is away), or None."""
         return None if self.link.up else f"GPU worker down: {self.link.why_down}"
 
+    def starting_elsewhere(self) -> int:
+        """Contexts of this voice's family that other front ends are starting
+        in the worker now (first segments without output yet)."""
+        return self.link.starting_elsewhere(self._info.family)
+
     def admit(self, context: str) -> None:
         """Refuse a new context while the worker is away (``engine_failed``)
         or holds its capacity of requests (``overloaded``)."""
@@ -477,12 +514,18 @@ class LinkCollector(Collector):
                                    labels=["family"])
         cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
                                 "Requests the GPU worker serves at once", labels=["family"])
+        starting = GaugeMetricFamily(
+            "rtserver_gpu_worker_starting_requests",
+            "Contexts' first segments in the GPU worker without output yet (all front ends)",
+            labels=["family"])
         ready = self.link.ready
         for family in (ready.capacity if ready is not None else {}):
             active.add_metric([family], float(self.link.active(family)))
             cap.add_metric([family], float(self.link.capacity(family)))
+            starting.add_metric([family], float(self.link.starting(family)))
         yield active
         yield cap
+        yield starting
         yield from self.link.chunk_delay_seconds.collect()
 
 

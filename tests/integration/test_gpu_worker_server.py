@@ -48,12 +48,14 @@ BUDGET_S = 8.0
 STEPS = int(np.ceil(BUDGET_S * 24000 / SAMPLES_PER_STEP))
 FRONT = re.compile(r"worker (\d+) of (\d+), pid (\d+)")
 REQUESTS = re.compile(r'rtserver_gpu_worker_requests\{family="chattts"\} (\S+)')
+STARTING = re.compile(r'rtserver_gpu_worker_starting_requests\{family="chattts"\} (\S+)')
 
 
 class Split:
     """``rtserver serve`` with a GPU worker and two front ends, as a subprocess."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, slots: int = 2, max_len: int = 512,
+                 budget_s: float = BUDGET_S, gpu: str = "") -> None:
         root = tmp / "chattts"
         write_tiny_chattts(root)
         vec = np.random.default_rng(5).standard_normal(32).astype(np.float32)
@@ -63,11 +65,12 @@ class Split:
         cfg.write_text(
             f'[server]\nmetrics_port = {self.metrics_base}\ndrain_timeout_s = 5\n'
             '[voice]\ndefault = "chattts:alice"\n'
-            f'[chattts]\nasset_dir = "{root}"\ndevice = "cpu"\nslots = 2\nmax_len = 512\n'
+            f'[chattts]\nasset_dir = "{root}"\ndevice = "cpu"\nslots = {slots}\n'
+            f'max_len = {max_len}\n'
             f'voices_file = "{root / "voices.json"}"\nseeds = "1"\nignore_eos = true\n'
-            f'budget_base_s = {BUDGET_S}\nbudget_s_per_char = 0.0\nwarm_up_steps = 2\n'
+            f'budget_base_s = {budget_s}\nbudget_s_per_char = 0.0\nwarm_up_steps = 2\n'
             '[gpu]\nworker = "process"\nfrontends = 2\n'
-            f'metrics_port = {self.worker_metrics}\n')
+            f'metrics_port = {self.worker_metrics}\n{gpu}')
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rtserver", "serve", "--config", str(cfg),
              "--port", str(self.port)],
@@ -76,6 +79,16 @@ class Split:
         self.lines: list[str] = []
         self._new = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def close(self) -> None:
+        """SIGTERM the server (its supervisor stops the worker and front ends)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -130,6 +143,15 @@ class Split:
         assert found, body
         return float(found.group(1))
 
+    def starting(self, front: int | None) -> float:
+        """First segments in the GPU worker without output yet, as front end
+        ``front`` last heard (None: the worker's own count)."""
+        port = self.worker_metrics if front is None else self.metrics_base + front
+        body = scrape(f"http://127.0.0.1:{port}/metrics")
+        found = STARTING.search(body)
+        assert found, body
+        return float(found.group(1))
+
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
@@ -138,13 +160,7 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
         srv.wait_for(r"3 of 3 workers ready")
         yield srv
     finally:
-        if srv.proc.poll() is None:
-            os.kill(srv.proc.pid, signal.SIGTERM)
-            try:
-                srv.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                srv.proc.kill()
-                srv.proc.wait(10)
+        srv.close()
 
 
 async def until(cond: Callable[[], bool], within: float = 30.0) -> None:

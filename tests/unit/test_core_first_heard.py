@@ -147,3 +147,38 @@ async def test_the_first_hint_covers_the_starts_queued_ahead_of_it() -> None:
     for ctx in burst:  # their first audio out (or gone): nothing is ahead any more
         ctx.release()
     assert (await first_hint("c")).prebuffer_ms == pytest.approx(alone_hint.prebuffer_ms)
+
+
+async def test_starts_elsewhere_count_as_the_starts_here_do() -> None:
+    """A voice behind a GPU worker: starts that other front ends queued there
+    (``ServerLoad.starting_elsewhere``) raise a first hint and the predicted
+    first heard audio exactly as as many starts in this process do, added
+    to them; another voice's count is its own."""
+    clock = ManualClock(50.0)
+    voice = PlannedVoice(clock)
+    core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
+                      segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
+    await _speak(core, clock, "warm")
+    start = Start(context="x", **OPUS)  # type: ignore[arg-type]
+    elsewhere = {voice.info.name: 0}
+    core.load.starting_elsewhere = lambda name: elsewhere.get(name, 0)
+
+    async def first_hint(name: str) -> float:
+        sink = await _speak(core, clock, name)
+        return next(e for e in sink.events if isinstance(e, BufferHint)).prebuffer_ms
+
+    alone = (await first_hint("a"), core.predicted_first_heard_ms(start))
+    here = [core.open(Start(context=f"o{i}", **OPUS), TimedSink(clock))  # type: ignore[arg-type]
+            for i in range(3)]
+    three_here = (core.predicted_first_heard_ms(start), await first_hint("b"))
+    for ctx in here[1:]:
+        ctx.release()
+    elsewhere[voice.info.name] = 2  # one here, two in other front ends
+    assert core.load.starting_ahead(voice.info.name, clock.now()) == 3
+    assert core.load.starting_ahead("other:v", clock.now()) == 1
+    mixed = (core.predicted_first_heard_ms(start), await first_hint("c"))
+    assert three_here[0] > alone[1] + 5.0 and three_here[1] > alone[0] + 5.0
+    assert mixed == pytest.approx(three_here)
+    here[0].release()
+    elsewhere[voice.info.name] = 0  # the others' first audio is out
+    assert await first_hint("d") == pytest.approx(alone[0])

@@ -44,12 +44,16 @@ DEAF = GpuConfig(heartbeat_s=0.05, timeout_s=60.0, request_buffer_s=1.0)
 
 class FakeVoice:
     """``chunks`` chunks of 100 ms whose first sample is the chunk's index;
-    ``hang``: one chunk, then waits until cancelled. Counts what is open."""
+    ``hang``: one chunk, then waits until cancelled; ``hold``: the first
+    chunk waits for it (a request queued for its first output). Counts what
+    is open."""
 
     def __init__(self, name: str, *, chunks: int = 5, hang: bool = False,
-                 die: bool = False, pause_s: float = 0.0) -> None:
+                 die: bool = False, pause_s: float = 0.0,
+                 hold: asyncio.Event | None = None) -> None:
         self._info = VoiceInfo(name=name, family="fake", sample_rate=RATE, chunk_plan_ms=(100.0,))
         self.chunks, self.hang, self.die, self.pause_s = chunks, hang, die, pause_s
+        self.hold = hold
         self.open = 0
         self.cancelled = 0
         self.requests: list[SynthesisRequest] = []
@@ -70,6 +74,8 @@ class FakeVoice:
         self.requests.append(request)
         self.log_ids.append(current_request_id())
         try:
+            if self.hold is not None:
+                await self.hold.wait()
             for i in range(self.chunks):
                 if request.marks is not None:
                     request.marks.mark(MODEL_OUTPUT_MARK)
@@ -339,6 +345,77 @@ async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> Non
         assert len(got) == 5
 
 
+def test_load_tells_the_starts_and_an_older_workers_load_still_reads() -> None:
+    load = m.Load(epoch="e", active={"fake": 3}, capacity={"fake": 8},
+                  starting={"fake": 2}, starting_yours={"fake": 1})
+    assert m.decode_up(m.encode(load)) == load
+
+    class OlderLoad(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
+        epoch: str
+        active: dict[str, int]
+        capacity: dict[str, int]
+
+    old = m.decode_up(m.encode(OlderLoad(epoch="e", active={"fake": 3}, capacity={"fake": 8})))
+    assert isinstance(old, m.Load) and old.starting == {} and old.starting_yours == {}
+    # and an older front end reads a newer worker's Load (unknown fields ignored)
+    assert msgspec.msgpack.decode(m.encode(load), type=OlderLoad).active == {"fake": 3}
+
+
+# Pings once a second: what a link learns within half of that, the worker
+# pushed (three times in a row below; a ping's answer would be late for some).
+QUIET = GpuConfig(heartbeat_s=1.0, timeout_s=60.0, request_buffer_s=1.0)
+
+
+async def test_every_front_end_hears_of_the_starts_queued_in_the_worker(tmp_path: Path) -> None:
+    """First segments waiting in the worker for their first output, sent by
+    one front end, reach every front end at once (pushed, not at the next
+    ping): the others count them as starting elsewhere, the sender does not
+    count its own twice; later segments are not starts; the first output
+    ends a start."""
+    hold = asyncio.Event()
+    voice = FakeVoice("fake:a", hold=hold)
+    async with rig(tmp_path, [voice], worker=QUIET, link=QUIET) as (r, a, remote):
+        b = WorkerLink(r.endpoint, QUIET)
+        ready = await asyncio.wait_for(b.start(), 10)
+        on_b = RemoteVoice(b, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+        on_a = remote["fake:a"]
+        gens = [on_a.synthesize(request(f"a{i}")) for i in range(3)]
+        gens.append(on_a.synthesize(request("a-later", first=False)))
+        pending = [asyncio.create_task(g.__anext__()) for g in gens]
+        await until(lambda: on_b.starting_elsewhere() == 3, within=0.5)
+        assert b.starting("fake") == 3 and a.starting("fake") == 3
+        assert on_a.starting_elsewhere() == 0  # its own: its core counts them
+        pending.append(asyncio.create_task(on_b.synthesize(request("b0")).__anext__()))
+        await until(lambda: on_a.starting_elsewhere() == 1 and b.starting("fake") == 4,
+                    within=0.5)
+        assert on_b.starting_elsewhere() == 3
+        hold.set()  # first output for all: no start is left
+        await asyncio.gather(*pending)
+        await until(lambda: a.starting("fake") == 0 and b.starting("fake") == 0, within=0.5)
+        assert on_a.starting_elsewhere() == on_b.starting_elsewhere() == 0
+        assert r.server is not None and r.server.starting == {"fake": 0}
+        for gen in gens:
+            await gen.aclose()
+        await b.close()
+
+
+async def test_a_request_cancelled_before_it_ran_frees_its_slot(tmp_path: Path) -> None:
+    """A ``Cancel`` read in the same batch as its ``Synthesize`` cancels a task
+    that never ran: its slot and its start are still given back."""
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (r, link, remote):
+        for i in range(4):  # each sent and cancelled at once
+            with link.request(m.Synthesize(request_id=f"r{i}", voice="fake:a", text="hi",
+                                           first=True)):
+                pass
+        # read after them: the worker has handled the four
+        assert len([c async for c in remote["fake:a"].synthesize(request("last"))]) == 5
+        assert r.server is not None
+        await until(lambda: r.server is not None and r.server.active["fake"] == 0)
+        assert r.server.starting["fake"] == 0
+        await until(lambda: link.active("fake") == 0 and link.starting("fake") == 0)
+
+
 async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> None:
     """Front ends number their requests on their own; the worker's engines
     still see distinct ids, and each front end gets its own audio."""
@@ -364,14 +441,40 @@ async def test_an_engine_that_dies_fails_the_request_and_ends_the_worker(tmp_pat
         with pytest.raises(EngineFailed) as exc:
             async for _ in remote["fake:a"].synthesize(request("r1")):
                 chunks += 1
-        # the engine's own reason, or the worker's loss: an exiting worker's last
-        # messages can be dropped unread (ZMQ_IMMEDIATE ends the pipe at the
-        # disconnect); either way the context fails with engine_failed
-        assert "crashed" in str(exc.value) or isinstance(exc.value, EngineLost)
+        # the engine's own reason, not the worker's loss: what the worker sent
+        # before its socket closed is read (the link's pipe outlives the
+        # disconnect; no ZMQ_IMMEDIATE)
+        assert "crashed" in str(exc.value) and not isinstance(exc.value, EngineLost)
         assert chunks <= 1
         assert r.task is not None
         # the worker exits with its status for the supervisor to restart it
         assert await asyncio.wait_for(r.task, 10) == ENGINE_DEAD_EXIT
+
+
+async def test_a_request_before_hello_is_refused(tmp_path: Path) -> None:
+    """A ``Synthesize`` on a connection that has not said ``Hello`` was queued
+    for the worker before this one (a link's pipe outlives a disconnect, and
+    its front end failed the request already): refused, never run."""
+    import zmq
+    import zmq.asyncio
+
+    voice = FakeVoice("fake:a")
+    async with rig(tmp_path, [voice]) as (r, _, _):
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(r.endpoint)
+        try:
+            await sock.send(m.encode(m.Synthesize(request_id="stale", voice="fake:a",
+                                                  text="hi", first=True)))
+            got = m.decode_up(await asyncio.wait_for(sock.recv(), 5))
+            assert isinstance(got, m.Failed) and got.code == "engine_failed"
+            await sock.send(m.encode(m.Hello(pid=1)))
+            assert isinstance(m.decode_up(await asyncio.wait_for(sock.recv(), 5)), m.Ready)
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+    assert voice.requests == []
 
 
 async def test_the_contexts_request_id_crosses_to_the_worker(tmp_path: Path) -> None:
