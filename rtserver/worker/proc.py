@@ -319,9 +319,15 @@ class WorkerServer:
         return len(self._seen)
 
     def _cancel(self, peer: bytes, request_id: str) -> None:
-        req = self._requests.get((peer, request_id))
+        """Cancel the request and give its slot back now: the front end may
+        start its context's next request in the same batch (a dropped
+        speculative first segment, then the segment cut), which its engine
+        queues behind the row still unwinding rather than refuses."""
+        key = (peer, request_id)
+        req = self._requests.get(key)
         if req is not None:
             req.task.cancel()
+            self._finished(key, req)
 
     def _drop_peer(self, peer: bytes, why: str, *, tell: bool = False) -> None:
         """A front end went away: cancel its requests (they free their rows).

@@ -416,6 +416,25 @@ async def test_a_request_cancelled_before_it_ran_frees_its_slot(tmp_path: Path) 
         await until(lambda: link.active("fake") == 0 and link.starting("fake") == 0)
 
 
+async def test_a_cancelled_request_gives_its_slot_back_before_the_next_start(
+        tmp_path: Path) -> None:
+    """A context that drops a request and starts another at once (a wrong
+    speculative first segment, then the one cut) is not refused for the
+    slot its dropped request held: the worker gives a slot back when it
+    reads the ``Cancel``, not when the cancelled task has unwound."""
+    voice = FakeVoice("fake:a", hang=True)
+    async with rig(tmp_path, [voice], capacity=1) as (_, _, remote):
+        rv = remote["fake:a"]
+        for i in range(5):
+            guess = rv.synthesize(request(f"guess{i}"))
+            await guess.__anext__()
+            await guess.aclose()  # its Cancel, then at once the next start
+            real = rv.synthesize(request(f"real{i}"))
+            await real.__anext__()  # not Busy
+            await real.aclose()
+            await until(lambda: voice.open == 0)
+
+
 async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> None:
     """Front ends number their requests on their own; the worker's engines
     still see distinct ids, and each front end gets its own audio."""
