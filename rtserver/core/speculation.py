@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.text.segmenter import Segment
 from rtserver.voices.base import Marks, SynthesisRequest, Voice
+
+log = logging.getLogger("rtserver.context")
 
 
 class Speculation:
@@ -48,6 +51,7 @@ class Speculation:
                     self._held.append(chunk)
                     self._more.set()
         except Exception as exc:  # the adopter's to raise; a dropped guess's to forget
+            log.info("speculative first segment %s failed: %s", self.request.request_id, exc)
             self._error = exc
         finally:
             self._ended = True
