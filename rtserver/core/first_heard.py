@@ -33,13 +33,16 @@ def hint_chunks(info: VoiceInfo, heard: HeardFormat, *, at_start: bool, segment_
 
     A streaming voice: its own chunk plan as the listener gets it
     (``HeardFormat.chunks_ms``; ``at_start``: the context's first audio,
-    less the decoder's pre-skip) with the voice's chunk costs. Otherwise
+    less the decoder's pre-skip) with the voice's chunk costs (its
+    first-segment plan for segment 0, where it has one). Otherwise
     segment ``index`` of ``segment_chars`` characters and the next
     ``LATER_SEGMENTS`` at the segmenter's ``limit`` for their index (later
     segments are not known yet: plan for the longest allowed)."""
-    plan = info.chunk_plan_ms
+    plan, costs = info.chunk_plan_ms, info.chunk_cost_ms
+    if index == 0 and info.first_chunk_plan_ms:
+        plan, costs = info.first_chunk_plan_ms, info.first_chunk_cost_ms
     if plan:
-        cost = list(info.chunk_cost_ms) if len(info.chunk_cost_ms) == len(plan) else None
+        cost = list(costs) if len(costs) == len(plan) else None
         return heard.chunks_ms(plan, at_start=at_start), cost
     first = segment_chars * audio_ms_per_char
     return [first, *(limit(index + k) * audio_ms_per_char

@@ -30,6 +30,9 @@ class VocoderStream(Protocol[X_contra]):
 class Vocoder(Protocol[X_contra]):
     """A loaded vocoder model shared by every stream of a voice family."""
 
-    def open_stream(self) -> VocoderStream[X_contra]: ...
+    def open_stream(self, *, first: bool = False) -> VocoderStream[X_contra]:
+        """A segment's stream; ``first``: a context's first segment (the
+        vocoder may plan its chunks for it, ``BatchedVocoder.first_chunking``)."""
+        ...
 
     async def close(self) -> None: ...

@@ -20,14 +20,24 @@ W = TypeVar("W", bound=FrameWindow)
 class BatchedVocoder(ABC, Generic[W]):
     """Owns the batcher; ``start`` before opening streams, ``close`` after."""
 
-    def __init__(self, batcher: DecodeBatcher[W], chunking: ChunkConfig) -> None:
+    def __init__(self, batcher: DecodeBatcher[W], chunking: ChunkConfig,
+                 first_chunking: ChunkConfig | None = None) -> None:
         self._batcher = batcher
         self._chunking = chunking
+        self._first_chunking = first_chunking or chunking
 
     @property
     def chunking(self) -> ChunkConfig:
         """The chunk plan (one frame = one model step); ``chunking.stream_plan`` takes it."""
         return self._chunking
+
+    @property
+    def first_chunking(self) -> ChunkConfig:
+        """The chunk plan of a context's first segment (``open_stream(first=True)``)."""
+        return self._first_chunking
+
+    def chunking_for(self, first: bool) -> ChunkConfig:
+        return self._first_chunking if first else self._chunking
 
     @property
     def stats(self) -> BatcherStats:

@@ -3,6 +3,7 @@ Config can hold it without importing the decoder."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,16 @@ class VocoderConfig:
     first_frames: int = 1
     growth: float = 2.0
     max_chunk_frames: int = 16
+    # A context's first segment's chunks stop growing at this many frames
+    # (0: ``max_chunk_frames``). A chunk comes out once all its frames are
+    # generated, so at a generation speed r above 0.5 chunks that keep
+    # doubling outgrow the audio before them and the listener's first hint
+    # must cover them: at r 0.85, 1,233 ms from the text to playback with 16,
+    # 653 with 6; the decoder computes 1.88 frames per frame of a 24-frame
+    # first segment with 6 against 1.67 (context and lookahead per window)
+    # (``python -m rtserver.tools.measure.chunk_plans``). Later segments keep
+    # ``max_chunk_frames``: by then the listener has audio queued.
+    first_max_chunk_frames: int = 6
     context_samples: int = SNAC24_EXACT_SUPPORT
     first_lookahead_samples: int = 1024
     lookahead_samples: int = SNAC24_EXACT_SUPPORT
@@ -60,6 +71,8 @@ class VocoderConfig:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', not "
                              f"{self.dtype!r}")
+        if self.first_max_chunk_frames < 0:
+            raise ValueError("first_max_chunk_frames must be >= 0 (0: max_chunk_frames)")
         self.chunk_config(2048)  # validates the chunking fields
 
     def chunk_config(self, samples_per_frame: int) -> ChunkConfig:
@@ -69,6 +82,14 @@ class VocoderConfig:
                            first_lookahead_samples=self.first_lookahead_samples,
                            lookahead_samples=self.lookahead_samples,
                            crossfade_samples=self.crossfade_samples)
+
+    def first_chunk_config(self, samples_per_frame: int) -> ChunkConfig:
+        """``chunk_config`` for a context's first segment (``first_max_chunk_frames``)."""
+        config = self.chunk_config(samples_per_frame)
+        if self.first_max_chunk_frames <= 0:
+            return config
+        return dataclasses.replace(config, max_chunk_frames=min(
+            self.max_chunk_frames, max(self.first_frames, self.first_max_chunk_frames)))
 
     def batcher_config(self, device: str) -> BatcherConfig:
         from rtserver.vocoder.batcher import device_batcher_config

@@ -76,6 +76,11 @@ class VoiceInfo:
     # The audio (ms) of model output each of those chunks waits for (a
     # vocoder's decode emits only up to its lookahead); empty: the chunk's own.
     chunk_cost_ms: tuple[float, ...] = ()
+    # The same two for a context's first segment, where a voice cuts its
+    # chunks smaller (its first audio decides when the listener starts);
+    # empty: the plan above.
+    first_chunk_plan_ms: tuple[float, ...] = ()
+    first_chunk_cost_ms: tuple[float, ...] = ()
     # How many segments the voice makes at full speed at once (a CPU voice:
     # its worker threads); more at once share them, so each is slower in
     # proportion. 0: not bounded that way (a batching engine on a GPU).

@@ -37,6 +37,8 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     description: str = ""
     chunk_plan_ms: tuple[float, ...] = ()
     chunk_cost_ms: tuple[float, ...] = ()
+    first_chunk_plan_ms: tuple[float, ...] = ()
+    first_chunk_cost_ms: tuple[float, ...] = ()
     parallel_segments: int = 0
     capabilities: VoiceCapabilities = VoiceCapabilities()
     languages: tuple[str, ...] = ()

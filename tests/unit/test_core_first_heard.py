@@ -63,6 +63,27 @@ def test_hint_chunks_of_a_sentence_voice_and_of_a_streaming_one() -> None:
     assert chunks == [60.0, 120.0] and cost == [90.0, 150.0]  # whole frames already
 
 
+def test_a_first_segment_plan_is_the_first_hint_s_plan() -> None:
+    """A voice with a plan of its own for first segments (Orpheus: chunks
+    that stop growing sooner) has its first hint planned with it, and later
+    segments' with the general plan; at a high r the smaller chunks let its
+    listener start far sooner (why it has one)."""
+    heard = HeardFormat(in_rate=24000, out_rate=24000, frame_samples=480, pre_skip=0)
+    # whole 20 ms frames, as the listener gets them (HeardFormat.chunks_ms)
+    general, general_cost = (40.0, 180.0, 340.0, 680.0, 1360.0), (80.0, 340.0, 340.0, 680.0,
+                                                                   1360.0)
+    first, first_cost = (40.0, 180.0, 340.0, 520.0, 520.0), (80.0, 340.0, 340.0, 520.0, 520.0)
+    voice = VoiceInfo(name="v", family="t", sample_rate=24000, chunk_plan_ms=general,
+                      chunk_cost_ms=general_cost, first_chunk_plan_ms=first,
+                      first_chunk_cost_ms=first_cost)
+    for index, plan, cost in ((0, first, first_cost), (1, general, general_cost)):
+        chunks, costs = hint_chunks(voice, heard, at_start=index == 0, segment_chars=36,
+                                    index=index, audio_ms_per_char=50.0, limit=lambda k: 250)
+        assert chunks == list(plan) and costs == list(cost)
+    assert first_heard_ms(0.85, list(first), 40.0, cost_ms=list(first_cost)) < 0.7 * \
+        first_heard_ms(0.85, list(general), 40.0, cost_ms=list(general_cost))
+
+
 def test_nothing_measured_predicts_nothing_to_refuse_on() -> None:
     clock = ManualClock(50.0)
     voice = PlannedVoice(clock)

@@ -435,6 +435,20 @@ async def test_a_cancelled_request_gives_its_slot_back_before_the_next_start(
             await until(lambda: voice.open == 0)
 
 
+def test_every_field_of_a_voice_but_its_word_timing_crosses_the_link() -> None:
+    """What a front end plans with (chunk plans, the first segment's too,
+    capabilities) is the worker's voice's own: ``VoiceEntry`` names every
+    ``VoiceInfo`` field except ``word_timing`` (word times do not cross)."""
+    info_fields = set(VoiceInfo.__dataclass_fields__)
+    assert set(m.VoiceEntry.__struct_fields__) == info_fields - {"word_timing"}
+    info = VoiceInfo(name="fake:a", family="fake", sample_rate=RATE,
+                     chunk_plan_ms=(32.0, 171.0), chunk_cost_ms=(85.0, 341.0),
+                     first_chunk_plan_ms=(32.0, 100.0), first_chunk_cost_ms=(85.0, 200.0))
+    entry = m.VoiceEntry(**{f: getattr(info, f) for f in m.VoiceEntry.__struct_fields__})
+    again = msgspec.msgpack.decode(msgspec.msgpack.encode(entry), type=m.VoiceEntry)
+    assert VoiceInfo(**msgspec.structs.asdict(again)) == info
+
+
 async def test_two_front_ends_may_use_the_same_request_id(tmp_path: Path) -> None:
     """Front ends number their requests on their own; the worker's engines
     still see distinct ids, and each front end gets its own audio."""

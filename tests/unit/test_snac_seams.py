@@ -302,6 +302,9 @@ def test_vocoder_config_defaults_are_the_chunk_defaults() -> None:
         VocoderConfig(noise="loud")
     with pytest.raises(ValueError, match="dtype"):
         VocoderConfig(dtype="half")
+    with pytest.raises(ValueError, match="first_max_chunk_frames"):
+        VocoderConfig(first_max_chunk_frames=-1)
+    assert VocoderConfig(first_max_chunk_frames=0).first_chunk_config(F) == ChunkConfig()
 
 
 async def test_concurrent_streams_are_batched_and_exact(vocoder: SnacVocoder,
@@ -325,6 +328,31 @@ async def test_concurrent_streams_are_batched_and_exact(vocoder: SnacVocoder,
     assert stats.windows > stats.calls  # some call decoded several streams at once
     assert max(stats.call_sizes) > 1 and stats.decode_seconds > 0
     assert sum(n * k for n, k in stats.call_sizes.items()) == stats.windows
+
+
+async def test_a_first_segment_stream_caps_its_chunks_and_stays_exact(
+        vocoder: SnacVocoder, decoder: SnacDecoder) -> None:
+    """A context's first segment (``open_stream(first=True)``) stops growing
+    its chunks at ``first_max_chunk_frames``; the audio is the same exact
+    chunked decode, under that plan."""
+    cap = VocoderConfig().first_max_chunk_frames
+    assert 0 < cap < VocoderConfig().max_chunk_frames
+    frames = random_codes(40, seed=5)
+    got = {}
+    for first in (True, False):
+        stream = vocoder.open_stream(first=first)
+        out = []
+        for i in range(len(frames)):
+            out += await stream.push(frames[i:i + 1])
+        out += await stream.finish()
+        got[first] = out
+        plan = vocoder.first_chunking if first else vocoder.chunking
+        ref, _ = decode_chunked(decoder, frames, plan)
+        np.testing.assert_allclose(np.concatenate([c.samples for c in out]),
+                                   np.concatenate(ref), atol=1e-5)
+    longest = {k: max(len(c.samples) for c in v[:-1]) for k, v in got.items()}  # not the tail
+    assert longest[True] <= cap * F < longest[False]
+    assert vocoder.first_chunking.max_chunk_frames == cap
 
 
 async def test_stream_first_audio_and_tail(vocoder: SnacVocoder) -> None:

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from rtserver.vocoder.batched import BatchedVocoder
 from rtserver.vocoder.batcher import DecodeBatcher
+from rtserver.vocoder.chunking import ChunkConfig
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.vocoder.planned_stream import PlannedStream
 from rtserver.voices.orpheus.snac_model import (
@@ -49,7 +50,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         self.samples_per_frame: int = decoder.samples_per_frame
         self.codebook_size: int = decoder.codebook_size
         super().__init__(DecodeBatcher(decoder, self.config.batcher_config(device)),
-                         self.config.chunk_config(self.samples_per_frame))
+                         self.config.chunk_config(self.samples_per_frame),
+                         self.config.first_chunk_config(self.samples_per_frame))
 
     @classmethod
     def load(cls, snac_dir: Path | None, *, dummy: bool = False, device: str = "cpu",
@@ -78,8 +80,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         self.decoder.warm_up(self.config.max_batch_frames, first_lane_frames=first)
         return self.decoder.first_lane()
 
-    def open_stream(self) -> SnacStream:
-        return SnacStream(self, self._batcher)
+    def open_stream(self, *, first: bool = False) -> SnacStream:
+        return SnacStream(self, self._batcher, self.chunking_for(first))
 
 
 class SnacStream(PlannedStream[CodeWindow]):
@@ -88,8 +90,10 @@ class SnacStream(PlannedStream[CodeWindow]):
 
     __slots__ = ("_vocoder",)
 
-    def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher[CodeWindow]) -> None:
-        super().__init__(batcher, vocoder.chunking, samples_per_frame=vocoder.samples_per_frame,
+    def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher[CodeWindow],
+                 chunking: ChunkConfig | None = None) -> None:
+        super().__init__(batcher, chunking or vocoder.chunking,
+                         samples_per_frame=vocoder.samples_per_frame,
                          sample_rate=vocoder.sample_rate, width=FRAME_CODES, dtype=np.int64)
         self._vocoder = vocoder
 

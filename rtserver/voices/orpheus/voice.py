@@ -379,13 +379,17 @@ class OrpheusVoice:
             if runtime.config.dummy_weights else ""
         what = f"LoRA voice {name} (adapter on the base model, as {speaker})" \
             if adapter is not None else f"speaker {speaker}"
+        frame_ms = 1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE
         plan_ms, cost_ms = chunk_timing(
-            getattr(runtime.vocoder, "chunking", None), ot.SAMPLE_RATE,
-            frame_ms=1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE)
+            getattr(runtime.vocoder, "chunking", None), ot.SAMPLE_RATE, frame_ms=frame_ms)
+        first_plan_ms, first_cost_ms = chunk_timing(
+            getattr(runtime.vocoder, "first_chunking", None), ot.SAMPLE_RATE, frame_ms=frame_ms)
         self._info = VoiceInfo(name=f"{FAMILY}:{name or speaker}", family=FAMILY,
                                sample_rate=ot.SAMPLE_RATE, language="en",
                                description=f"Orpheus TTS {what}{dummy}",
                                chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms,
+                               first_chunk_plan_ms=first_plan_ms,
+                               first_chunk_cost_ms=first_cost_ms,
                                capabilities=LORA_CAPABILITIES if adapter is not None
                                else CAPABILITIES, controls=CONTROLS)
         self._closed = False
@@ -444,7 +448,7 @@ class OrpheusVoice:
         treq = self.token_request(request, max_tokens=max_tokens)
         frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS,
                                    reslot=self._rt.config.wrong_slot == "reslot")
-        stream: VocoderStream[SnacFrames] = self._rt.vocoder.open_stream()
+        stream: VocoderStream[SnacFrames] = self._rt.vocoder.open_stream(first=request.first)
         self._open += 1
         try:
             tokens = self._rt.engine.generate(treq)

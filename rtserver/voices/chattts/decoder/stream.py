@@ -85,7 +85,9 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         return self.decoder.first_lane(self.config.first_lane_batch,
                                        self.config.first_lane_steps)
 
-    def open_stream(self) -> ChatTTSStream:
+    def open_stream(self, *, first: bool = False) -> ChatTTSStream:
+        """A segment's stream; one chunk plan for every segment (ChatTTS's r
+        stays low enough that its chunks never outgrow the audio before them)."""
         return ChatTTSStream(self, self._batcher)
 
 
