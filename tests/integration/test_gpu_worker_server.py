@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -198,18 +199,26 @@ async def speak(client: RtClient, text: str) -> np.ndarray:
     return result.pcm
 
 
-async def first_audio(client: RtClient,
-                      text: str = "Keep talking. Keep on talking. Still talking.") -> ContextStream:
-    """A context whose audio has begun to arrive (three segments: the worker
-    holds one of its requests for several seconds)."""
+E = TypeVar("E")
+
+
+async def first_event(client: RtClient, text: str, kind: type[E]) -> tuple[ContextStream, E]:
+    """A context that was sent its whole ``text``, and its first event of ``kind``."""
     ctx = await client.start(format="pcm_s16le", sample_rate=24000)
     await ctx.send_text(text)
     await ctx.end()
     async with contextlib.aclosing(ctx.events()) as events:
         async for event in events:
-            if isinstance(event, AudioFrames):
-                return ctx
-    raise AssertionError("no audio")
+            if isinstance(event, kind):
+                return ctx, event
+    raise AssertionError(f"no {kind.__name__}")
+
+
+async def first_audio(client: RtClient,
+                      text: str = "Keep talking. Keep on talking. Still talking.") -> ContextStream:
+    """A context whose audio has begun to arrive (three segments: the worker
+    holds one of its requests for several seconds)."""
+    return (await first_event(client, text, AudioFrames))[0]
 
 
 def mapped(pid: int, lib: str) -> bool:

@@ -19,7 +19,13 @@ pytest.importorskip("pybase16384")
 
 from rtserver.client import ContextStream, RtClient
 from rtserver.protocol.messages import BufferHint
-from tests.integration.test_gpu_worker_server import Split, first_audio, front_of, until
+from tests.integration.test_gpu_worker_server import (
+    Split,
+    first_audio,
+    first_event,
+    front_of,
+    until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +50,7 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
 async def first_hint(client: RtClient, text: str = "Hello there.") -> tuple[ContextStream,
                                                                                BufferHint]:
     """A context that was sent its whole text, and its first ``buffer`` hint."""
-    ctx = await client.start(format="pcm_s16le", sample_rate=24000)
-    await ctx.send_text(text)
-    await ctx.end()
-    async with contextlib.aclosing(ctx.events()) as events:
-        async for event in events:
-            if isinstance(event, BufferHint):
-                return ctx, event
-    raise AssertionError("no buffer hint")
+    return await first_event(client, text, BufferHint)
 
 
 async def test_a_storm_through_one_front_end_raises_the_first_hint_of_another(

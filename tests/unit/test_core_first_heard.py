@@ -137,16 +137,21 @@ def test_the_prediction_counts_the_new_context_in_the_load() -> None:
     assert core.predicted_first_heard_ms(start) == pytest.approx(0.2 * first_ms)
 
 
-async def test_the_first_hint_covers_the_starts_queued_ahead_of_it() -> None:
-    """Contexts starting now (opened, no audio yet) make their first chunks
-    first: a new context's first hint asks for that much more audio, in
-    proportion to how many there are, and admission predicts the wait."""
+async def warm_core() -> tuple[ManualClock, PlannedVoice, SpeechCore, Start]:
+    """A core whose voice has spoken once (measured), and a start to ask about."""
     clock = ManualClock(50.0)
     voice = PlannedVoice(clock)
     core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
                       segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
     await _speak(core, clock, "warm")
-    start = Start(context="x", **OPUS)  # type: ignore[arg-type]
+    return clock, voice, core, Start(context="x", **OPUS)  # type: ignore[arg-type]
+
+
+async def test_the_first_hint_covers_the_starts_queued_ahead_of_it() -> None:
+    """Contexts starting now (opened, no audio yet) make their first chunks
+    first: a new context's first hint asks for that much more audio, in
+    proportion to how many there are, and admission predicts the wait."""
+    clock, _, core, start = await warm_core()
 
     async def first_hint(name: str) -> BufferHint:
         sink = await _speak(core, clock, name)
@@ -175,12 +180,7 @@ async def test_starts_elsewhere_count_as_the_starts_here_do() -> None:
     (``ServerLoad.starting_elsewhere``) raise a first hint and the predicted
     first heard audio exactly as as many starts in this process do, added
     to them; another voice's count is its own."""
-    clock = ManualClock(50.0)
-    voice = PlannedVoice(clock)
-    core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
-                      segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
-    await _speak(core, clock, "warm")
-    start = Start(context="x", **OPUS)  # type: ignore[arg-type]
+    clock, voice, core, start = await warm_core()
     elsewhere = {voice.info.name: 0}
     core.load.starting_elsewhere = lambda name: elsewhere.get(name, 0)
 
