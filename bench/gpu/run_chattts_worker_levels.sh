@@ -6,8 +6,17 @@
 #   FRONTENDS=4 LEVELS=1,64,128,256,320,384 DURATION=15 CHATTTS_EXTRA='decoder_hold_ms = 0' \
 #     bash bench/gpu/run_chattts_worker_levels.sh
 # Results land in $OUT (fe.tgz: the bench's folders and logs; worker-metrics.txt; gpu-util.txt).
-T0=$(date +%s)
-bash .gpu/srv/recv.sh 0 >/dev/null && bash .gpu/srv/install.sh | tail -1
+# SRV: the staged folder (default .gpu/srv); any .gpu/extra/*.whl and a libopus0 .deb beside
+# the parts are installed too (the server's FastAPI stack must be among the wheels).
+T0=$(date +%s); SRV=${SRV:-.gpu/srv}
+bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1
+ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+  --no-compile --target /tmp/site .gpu/extra/*.whl
+if ! ldconfig -p | grep -q 'libopus\.so' && ls $SRV/libopus0_*.deb >/dev/null 2>&1; then
+  dpkg -x $SRV/libopus0_*.deb /tmp/libopus && cp -a /tmp/libopus/usr/lib/x86_64-linux-gnu/libopus.so.0* \
+    /usr/local/lib/ && ln -sf libopus.so.0 /usr/local/lib/libopus.so && ldconfig
+fi
+python3 -c "import fastapi, opuslib, zmq; print('server deps ok')" 2>&1 | tail -1
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
 # the shared config, with CHATTTS_EXTRA (one `key = value` line) added to its [chattts] table

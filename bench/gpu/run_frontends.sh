@@ -38,6 +38,10 @@ for F in ${FRONTENDS:-1 2 4 8}; do
   # every front end listening (each says "ready on" once its worker answered)
   until [ "$(grep -l "ready on" "$O"/logs/front-$F-*.log 2>/dev/null | wc -l)" -eq "$F" ]; do
     sleep 0.5
+    for p in "${PIDS[@]}"; do  # a front end that exits (a missing wheel) ends the run at once
+      kill -0 "$p" 2>/dev/null || { tail -20 "$O"/logs/front-$F-*.log; kill -TERM $WPID; exit 1; }
+    done
+    [ "$(left)" -lt 40 ] && { echo "front ends not ready in time"; tail -5 "$O"/logs/front-$F-*.log; break 2; }
   done
   timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
     --load stream --fragment token --tokens-per-s 40 --concurrency ${LEVELS:-64,128,192,256} \
