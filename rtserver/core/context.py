@@ -116,7 +116,7 @@ class SpeechContext:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self.segments.run())
                     group.create_task(self._speak())
-            finally:  # a guess started before the speaker ran (it drops its own)
+            finally:  # no speculative first segment outlives the context
                 await self.speaker.drop_guesses()
         except* RtError as eg:
             err = eg.exceptions[0]

@@ -80,24 +80,19 @@ class Speaker:
         self._dropped: set[Speculation] = set()  # being stopped
         self._first_taken = False
 
-    async def run(self) -> None:
-        """Speak every segment, then the framer's tail (the last frame)."""
-        try:
-            await self._run()
-        finally:
-            await self.drop_guesses()
-
     async def drop_guesses(self) -> None:
         """Stop every speculative synthesis not adopted, and wait until their
-        voice requests are closed (idempotent)."""
+        voice requests are closed (idempotent; the context calls it once its
+        loop and speaker are done, however they ended)."""
         if self._guess is not None:
             self._drop(self._guess)
             self._guess = None
         dropped, self._dropped = self._dropped, set()
-        if dropped:
-            await asyncio.wait([asyncio.ensure_future(g.drop()) for g in dropped])
+        for guess in dropped:  # each already cancelled: the waits overlap
+            await guess.drop()
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Speak every segment, then the framer's tail (the last frame)."""
         framer = self.framer
         resampler: Resampler | None = None
         pending_start = False  # a segment began; its first frame carries the flag
