@@ -113,6 +113,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                         first = now
                     got += len(d.codes)
                     last = now
+                engine.release_hidden(req.request_id)  # a store's rows (a no-op without)
                 return first, last, got
 
             before = {k: getattr(c, k) for k in (
@@ -179,6 +180,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64, help="steps per request (levels without x)")
     p.add_argument("--no-hidden", action="store_true", help="requests want no hidden states")
     p.add_argument("--prefill-tokens", type=int, default=0, help="0: the engine's default")
+    p.add_argument("--hidden-store", action="store_true",
+                   help="hidden states stay in the engine's device store (handed over as "
+                   "indices) instead of a copy to the host each step")
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "
                    "on CUDA)")
@@ -189,7 +193,9 @@ def main() -> None:
     a = p.parse_args()
     if a.gil_switch_ms > 0:
         sys.setswitchinterval(a.gil_switch_ms / 1000)
-    kw = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
+    kw: dict[str, Any] = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
+    if a.hidden_store:
+        kw["hidden_store"] = True
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
                               parse_levels(a.levels, a.steps), not a.no_hidden,
                               a.profile, a.dtype, **kw))

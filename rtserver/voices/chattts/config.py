@@ -68,6 +68,10 @@ class ChatTTSConfig:
     stream_interval: int = 4
     # Benchmarks on random weights: EOS never sampled, speech runs to the budget.
     ignore_eos: bool = False
+    # The GPT's hidden states stay on the device (the engine's store) and the
+    # decoder gathers its windows there, instead of each step's crossing to the
+    # host and back (decoder route only; engine.engine.TorchEngineConfig).
+    hidden_store: bool = False
 
     def check(self) -> None:
         """``ValueError`` naming the field."""

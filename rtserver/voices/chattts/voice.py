@@ -55,6 +55,8 @@ class CodeEngineLike(Protocol):
 
     def generate(self, request: TokenRequest) -> AsyncIterator[CodeDelta[Any]]: ...
 
+    def release_hidden(self, request_id: str) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -320,8 +322,8 @@ class ChatTTSVoice:
                     keep = ~(codes == eos).any(axis=1)  # the EOS step is not audio
                     if not keep.any():
                         continue
-                    x = (np.asarray(delta.hidden, dtype=np.float32)[keep] if hidden_route
-                         else codes[keep])
+                    # hidden states, or their indices in the engine's store
+                    x = np.asarray(delta.hidden)[keep] if hidden_route else codes[keep]
                     mark_model_output(request)
                     try:
                         chunks = await stream.push(x)
@@ -335,6 +337,8 @@ class ChatTTSVoice:
                 yield chunk
         finally:
             stream.close()
+            # its store rows are read no more (decodes of a closed stream are dropped)
+            self._rt.engine.release_hidden(treq.request_id)
 
     async def close(self) -> None:
         if not self._closed:
@@ -392,6 +396,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         prefill_tokens=cfg.prefill_tokens, max_waiting=cfg.max_waiting,
         max_queue_s=cfg.max_queue_s, retry_after_ms=cfg.retry_after_ms,
         ignore_eos=cfg.ignore_eos, eager_steps=cfg.eager_steps,
+        hidden_store=cfg.hidden_store and cfg.decoder == "decoder",
         text_slots=cfg.refine_slots if cfg.refine_text else 0,
         text_max_len=min(max_len, 1024),
         stream_interval=max(1, cfg.stream_interval)),
@@ -405,6 +410,8 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         dec_cfg = ChatTTSDecodeConfig(route=cfg.decoder, bf16=bf16, hold_s=hold_s)
         vocoder = await asyncio.to_thread(ChatTTSVocoder.load, Path(cfg.asset_dir),
                                           device=device, config=dec_cfg)
+        if engine.hidden_store is not None:
+            vocoder.attach_store(engine.hidden_store, engine.store_zero_index)
         await vocoder.start()
     except BaseException:
         await engine.close()

@@ -7,6 +7,11 @@ its audio is ``n * 512`` samples, exactly what decoding those steps alone gives
 packs the windows of a call into one zero-padded batch, one host->device copy,
 one forward, one device->host copy.
 
+With a hidden-state store (``attach_store``: the torch engine's device tensor of
+every step's hidden state) a window carries store indices ([n, 1] int64)
+instead of hidden states, and the call gathers its batch there on the device:
+no hidden state crosses to the host and back.
+
 On CUDA with ``cuda_graphs``: one graph per (batch bucket, steps bucket),
 captured in ``warm_up``, sharing one memory pool, replayed for calls that fit
 (rows past the call's windows have length 0); other shapes run eager. All
@@ -35,8 +40,9 @@ Route = Literal["decoder", "dvae"]
 
 @dataclass(frozen=True, slots=True)
 class StepWindow:
-    """Steps ``data`` ([n, width]: float32 hidden states or int64 codes) of one
-    stream, the first being step ``start_frame`` of its segment."""
+    """Steps ``data`` ([n, width]: float32 hidden states or int64 codes; with a
+    store, [n, 1] int64 store indices) of one stream, the first being step
+    ``start_frame`` of its segment."""
 
     data: npt.NDArray[Any]
     start_frame: int
@@ -104,6 +110,42 @@ class ChatTTSWindowDecoder:
         self._capture_stream: Any = None
         self._pinned: torch.Tensor | None = None
         self._pinned_out: torch.Tensor | None = None
+        self._store: torch.Tensor | None = None  # [rows, width] on the device
+        self._zero = 0  # a store index whose row is zeros
+
+    # --- the hidden-state store ---------------------------------------------------
+
+    def attach_store(self, store: torch.Tensor, zero_index: int) -> None:
+        """Read windows as indices into ``store`` (route "decoder", before
+        ``warm_up``); ``store[zero_index]`` must stay zeros (padding)."""
+        if self.route != "decoder" or store.shape[-1] != self.width:
+            raise ValueError(f"a hidden-state store of width {self.width} needs the decoder "
+                             f"route, not {self.route!r} with {tuple(store.shape)}")
+        if store.device != self.device:
+            raise ValueError(f"the store is on {store.device}, the decoder on {self.device}")
+        self._store, self._zero = store, zero_index
+
+    @property
+    def store_rows(self) -> int:
+        """Rows of the attached store (0: none)."""
+        return 0 if self._store is None else int(self._store.shape[0])
+
+    @property
+    def input_width(self) -> int:
+        """Columns of a window's data: the model's, or 1 (a store index)."""
+        return 1 if self._store is not None else self.width
+
+    @property
+    def input_dtype(self) -> type[np.generic]:
+        return np.int64 if self._store is not None else self.dtype
+
+    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """A packed batch on the device: the hidden states its indices name (with a
+        store), else ``x`` itself."""
+        x = x.to(self.device, non_blocking=True)
+        if self._store is None:
+            return x
+        return self._store[x.squeeze(-1)]
 
     # --- eager ----------------------------------------------------------------
 
@@ -135,26 +177,28 @@ class ChatTTSWindowDecoder:
             if self._lane:
                 raise ValueError(f"no first-lane graph for {b} windows of {n} steps")
             x, lengths = self._pack(windows, n)
-            audio = self.forward(x.to(self.device, non_blocking=True),
-                                 lengths.to(self.device, non_blocking=True))
+            audio = self.forward(self._inputs(x), lengths.to(self.device, non_blocking=True))
             return self._unpack(audio, windows)
 
     def _pack(self, windows: Sequence[StepWindow], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(len(windows), n, width) in a reused (pinned on CUDA) host buffer, each
-        row's data then zeros; and the lengths."""
-        torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
-        b = len(windows)
-        size = b * n * self.width
+        """(len(windows), n, input width) in a reused (pinned on CUDA) host buffer,
+        each row's data then zeros (with a store: the zero row's index); and the
+        lengths."""
+        torch_dtype = (torch.float32 if self.route == "decoder" and self._store is None
+                       else torch.int64)
+        b, width = len(windows), self.input_width
+        size = b * n * width
         buf = self._pinned
         if buf is None or buf.numel() < size or buf.dtype != torch_dtype:
             buf = torch.zeros(max(size, 1 << 16), dtype=torch_dtype,
                               pin_memory=self.device.type == "cuda")
             self._pinned = buf
-        x = buf[:size].view(b, n, self.width)
+        x = buf[:size].view(b, n, width)
         xa = x.numpy()
+        pad = self._zero if self._store is not None else 0
         for i, w in enumerate(windows):
             xa[i, :w.n_frames] = w.data
-            xa[i, w.n_frames:] = 0
+            xa[i, w.n_frames:] = pad
         lengths = torch.tensor([w.n_frames for w in windows], dtype=torch.int64)
         return x, lengths
 
@@ -229,7 +273,7 @@ class ChatTTSWindowDecoder:
         b, n = len(windows), max(w.n_frames for w in windows)
         x, lengths = self._pack(windows, n)
         g.x.zero_()  # rows and steps past the windows: zeros, length 0
-        g.x[:b, :n].copy_(x, non_blocking=True)
+        g.x[:b, :n].copy_(self._inputs(x), non_blocking=True)
         g.lengths.zero_()
         g.lengths[:b].copy_(lengths)
         g.replay(self.forward)
@@ -254,13 +298,17 @@ class ChatTTSWindowDecoder:
             graph_frame_buckets=buckets, graph_max_cells=max_batch * max(buckets),
             stream=None if self._emulate else torch.cuda.Stream(self.device, priority=-1),
             lane=True, emulate_graphs=self._emulate)
+        if self._store is not None:
+            lane.attach_store(self._store, self._zero)
         lane.warm_up()
         return lane
 
     def warm_up(self) -> int:
         """One eager decode; with graphs, capture every bucket now. Returns graphs held."""
         if not self._lane:
-            self.decode([StepWindow(np.zeros((2, self.width), dtype=self.dtype), 0)])
+            pad = self._zero if self._store is not None else 0
+            self.decode([StepWindow(np.full((2, self.input_width), pad,
+                                            dtype=self.input_dtype), 0)])
         if self._use_graphs:
             with torch.inference_mode():
                 for key in self.graph_buckets():

@@ -10,6 +10,10 @@
         ...
     await vocoder.close()
 
+With the torch engine's hidden-state store attached (``attach_store``, before
+``start``) a stream takes store indices (int [T] or [T, 1]) instead of hidden
+states: the decoder gathers its windows on the device.
+
 Concatenated, a stream's chunks are ``steps * 512`` samples: the full decode of
 its steps, except near seams cut inside the decoder's reach (the first one;
 see ``config``). Decodes of all streams are batched (``batcher.DecodeBatcher``).
@@ -78,6 +82,11 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
             graph_max_cells=config.graph_max_cells)
         return cls(decoder, config)
 
+    def attach_store(self, store: Any, zero_index: int) -> None:
+        """Streams take indices into ``store`` (the engine's device tensor of hidden
+        states) from now on; before ``start``."""
+        self.decoder.attach_store(store, zero_index)
+
     def _warm_up(self) -> Any:
         self.decoder.warm_up()
         if not self.config.first_lane:
@@ -100,9 +109,10 @@ class ChatTTSStream(PlannedStream[StepWindow]):
     _what = "ChatTTS vocoder stream"
 
     def __init__(self, vocoder: ChatTTSVocoder, batcher: DecodeBatcher[StepWindow]) -> None:
-        dtype = np.float32 if vocoder.route == "decoder" else np.int64
+        dec = vocoder.decoder
         super().__init__(batcher, vocoder.chunking, samples_per_frame=STEP_SAMPLES,
-                         sample_rate=vocoder.sample_rate, width=vocoder.width, dtype=dtype)
+                         sample_rate=vocoder.sample_rate, width=dec.input_width,
+                         dtype=dec.input_dtype)
         self._vocoder = vocoder
 
     @property
@@ -111,6 +121,9 @@ class ChatTTSStream(PlannedStream[StepWindow]):
         return self.frames
 
     def _check(self, x: Any) -> npt.NDArray[Any]:
+        rows = self._vocoder.decoder.store_rows
+        if rows:
+            return self._check_indices(np.asarray(x), rows)
         if hasattr(x, "detach"):  # a torch tensor, maybe on the GPU: one copy to host
             import torch
 
@@ -132,6 +145,19 @@ class ChatTTSStream(PlannedStream[StepWindow]):
             raise ValueError(f"codes must be integers, not {arr.dtype}")
         if arr.size and (arr.min() < 0 or arr.max() >= v.codebook_size):
             raise ValueError(f"codes must be in [0, {v.codebook_size}) (EOS is never pushed)")
+        return arr.astype(np.int64, copy=False)
+
+    @staticmethod
+    def _check_indices(arr: npt.NDArray[Any], rows: int) -> npt.NDArray[Any]:
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2 or arr.shape[1] != 1:
+            raise ValueError(f"store indices must have shape (steps,) or (steps, 1), "
+                             f"not {arr.shape}")
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"store indices must be integers, not {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= rows):
+            raise ValueError(f"store indices must be in [0, {rows})")
         return arr.astype(np.int64, copy=False)
 
     def _window(self, frames: npt.NDArray[Any], start_frame: int) -> StepWindow:

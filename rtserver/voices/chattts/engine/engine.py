@@ -105,6 +105,11 @@ class TorchEngineConfig:
     # are 85 ms of audio, far less than the decoder's later chunks).
     eager_steps: int = 24
     stream_interval: int = 4
+    # The hidden-state store: a request's hidden states stay on the device
+    # (``hidden_store``), its deltas carry their indices there, and its consumer
+    # calls ``release_hidden`` once it reads them no more (handover.py). Off:
+    # they come to the host in each delta.
+    hidden_store: bool = False
     # The refine-text lane (text_lane.py): its own slots and KV cache; 0: off.
     text_slots: int = 0
     text_max_len: int = 512
@@ -216,6 +221,11 @@ class TorchCodeEngine:
     def _build(self) -> ChatLM:
         c = self.config
         model = self._factory()
+        # handles: every slot, plus the rows of one prefill (a request gets its
+        # handle at its first chunk and gives it back at its end); with a store,
+        # twice that: a handle is held on until its consumer released it
+        handles = (model.slots + c.prefill_rows) * (2 if c.hidden_store else 1)
+        width = model.max_len + 1 if c.hidden_store else 0
         chunk = min(c.prefill_chunk, model.max_len)
         self._sched = Scheduler(SchedulerConfig(
             slots=model.slots, max_len=model.max_len, prefill_tokens=c.prefill_tokens,
@@ -227,12 +237,10 @@ class TorchCodeEngine:
         self._runner = ModelRunner(model, RunnerConfig(
             eos_id=self.eos_id, graphs=c.cuda_graphs, batch_buckets=c.batch_buckets,
             min_new_steps=c.min_new_steps, ignore_eos=c.ignore_eos,
-            penalty_window=c.penalty_window, ring=max(1, c.stream_interval) + 3),
+            penalty_window=c.penalty_window, ring=max(1, c.stream_interval) + 3,
+            store_rows=handles + 2 if c.hidden_store else 0, store_cols=width),
             self._sched.config)
-        # handles: every slot, plus the rows of one prefill (a request gets its
-        # handle at its first chunk and gives it back at its end)
-        self._ho = Handover(model.slots + c.prefill_rows, max(1, c.stream_interval),
-                            c.eager_steps)
+        self._ho = Handover(handles, max(1, c.stream_interval), c.eager_steps, width)
         if c.text_slots > 0:
             self._text = TextLane(model, c.text_slots, c.text_max_len)
         if model.device.type == "cuda" and c.cuda_graphs:
@@ -420,6 +428,27 @@ class TorchCodeEngine:
             self._wake.set()
             q.put_nowait((request_id, None, None, True, None))
 
+    @property
+    def hidden_store(self) -> Any:
+        """The device tensor ``[rows, hidden]`` a store index points into (None
+        without ``hidden_store``); valid after ``start``."""
+        return self.runner.store if self._runner is not None else None
+
+    @property
+    def store_zero_index(self) -> int:
+        """A store index whose row is always zeros (padding)."""
+        ho = self._handover
+        return (len(ho.gen) + 1) * ho.width
+
+    def release_hidden(self, request_id: str) -> None:
+        """With ``hidden_store``: the consumer of ``request_id`` reads its store
+        indices no more (call it once the request's decode is done or dropped;
+        the store row is reused only after this and the request's end). A no-op
+        otherwise, and for unknown or already released requests."""
+        if self.config.hidden_store:
+            self._inbox.put(("release", request_id))
+            self._wake.set()
+
     def stats(self) -> EngineStats:
         slots = self._model.slots if self._model is not None else 1
         return EngineStats(
@@ -453,6 +482,11 @@ class TorchCodeEngine:
             "moves": ("KV slots moved to keep the decode batch compact", c.moves),
         }
 
+    def store_rows_kept(self) -> int:
+        """Hidden-state store rows a consumer still holds (0 without a store)."""
+        ho = self._ho
+        return ho.kept if ho is not None else 0
+
     def slots_in_use(self) -> int:
         return self._running
 
@@ -481,6 +515,7 @@ class TorchCodeEngine:
         sched = self._sched
         assert sched is not None
         c = self.counters_
+        store = runner.store is not None
         prev: Record | None = None
         try:
             with stream:
@@ -492,11 +527,15 @@ class TorchCodeEngine:
                     self._expire_waiting(out)
                     rec = None
                     if not sched.idle:
-                        plan = sched.schedule()
+                        ho = self._handover
+                        plan = sched.schedule(ho.free if store else None)
                         for ch in plan.chunks:
                             if ch.start == 0:
                                 req: _Req = ch.seq.payload
-                                req.handle, req.gen = self._handover.give(ch.seq.rid)
+                                req.handle, req.gen = ho.give(
+                                    ch.seq.rid, keep=store and req.request.want_hidden)
+                        if store and self._n_hidden > 0:
+                            self._stage_store(plan)
                         if not plan.empty:
                             try:
                                 rec = runner.launch(plan, self._inputs, self._n_hidden > 0)
@@ -579,13 +618,21 @@ class TorchCodeEngine:
             flags = ring[:b, vq]
             for i in ho.read_rows(hs, gs, r, flags):
                 self._step_of(rows[i], r, i, int(flags[i]), out)
-        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0
-                               else None)
+        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h
+                               if self._n_hidden > 0 and runner.store is None else None)
         if self._batch is not None:
             self._gen_tokens += self._batch.ends[-1]
         for seq in self._ending:
             self._end(seq)
         self._ending.clear()
+
+    def _stage_store(self, plan: Any) -> None:
+        """Where each output row of ``plan``'s step goes in the hidden-state store."""
+        ho, rows = self._handover, plan.rows
+        hs, _ = ho.rows_of(rows, lambda: ([s.payload.handle for s in rows],
+                                          [s.payload.gen for s in rows]))
+        finals = [(i, ch.seq.payload.handle) for i, ch in enumerate(plan.chunks) if ch.final]
+        ho.store_index(self.runner.staged_store_index(), hs, finals, self.runner.p0)
 
     def _step_of(self, seq: Seq, ring: int, row: int, flag: int, out: list[_Event]) -> None:
         """One row read back alone: a prefill's first step, or a flagged decode row."""
@@ -661,6 +708,8 @@ class TorchCodeEngine:
                 self._text.waiting.append(item)
             elif kind == "abort_text" and self._text is not None:
                 self._text.drop(str(item))
+            elif kind == "release":
+                self._handover.release(str(item))
             else:
                 found = sched.get(str(item))
                 if found is not None:

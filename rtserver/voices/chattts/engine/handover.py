@@ -12,6 +12,15 @@ as one ``Batch`` (one gather out of the ring; the event loop splits it).
 
 A handle given back is given again with a new generation; a row whose
 generation is stale (its request ended after the step was launched) is skipped.
+
+**The hidden-state store** (``width > 0``): the runner keeps every step's hidden
+state on the device, row ``handle`` column ``step`` of a ``[handles + 2, width]``
+grid (flattened: index ``handle * width + step``; row ``handles`` is scratch, for
+rows no request reads; row ``handles + 1`` stays zero, for padding). A batch then
+carries those flat indices instead of gathered hidden states. A request that
+keeps its handle (``give(rid, keep=True)``) holds it until both its engine end
+(``take_back``) and its consumer (``release``) are done with it, so the decoder
+reads a step that no later request overwrites.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ class Batch:
 
     rids: list[str]
     codes: np.ndarray  # [rows, vq], a fresh gather (never a view of the ring)
-    hidden: np.ndarray | None  # [rows, hidden]
+    hidden: np.ndarray | None  # [rows, hidden], or [rows] int64 store indices
     ends: list[int]  # len(rids) + 1
     done: frozenset[str]  # requests whose last step this is
 
@@ -37,7 +46,7 @@ class Batch:
 class Handover:
     """The held steps of every running request (one thread only)."""
 
-    def __init__(self, handles: int, hold: int, eager_steps: int) -> None:
+    def __init__(self, handles: int, hold: int, eager_steps: int, width: int = 0) -> None:
         self.gen = np.zeros(handles, dtype=np.int64)  # bumped when a handle is given back
         self.steps = np.zeros(handles, dtype=np.int64)  # steps read back
         self.held = np.zeros(handles, dtype=np.int64)  # places held
@@ -45,6 +54,10 @@ class Handover:
         self.row = np.zeros((handles, hold), dtype=np.int64)
         self.rid: list[str] = [""] * handles
         self._free = list(range(handles - 1, -1, -1))
+        self.width = width  # store columns per handle; 0: no store
+        self.launched = np.zeros(handles, dtype=np.int64)  # steps launched (store column)
+        self.owners = np.zeros(handles, dtype=np.int8)  # engine (1) + consumer (1)
+        self._kept: dict[str, int] = {}  # request -> the handle its consumer holds
         self.hold = hold
         self.eager = eager_steps
         self._vec: list[np.ndarray] = []  # handles handed steps this turn, in vectors
@@ -52,19 +65,62 @@ class Handover:
         self._key: object = None  # the rows ``rows_of`` last saw, and their handles
         self._hg = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
-    def give(self, rid: str) -> tuple[int, int]:
-        """A handle for request ``rid``: (handle, generation)."""
+    @property
+    def free(self) -> int:
+        """Handles free now (requests that may start)."""
+        return len(self._free)
+
+    @property
+    def kept(self) -> int:
+        """Handles whose consumer has not released them yet."""
+        return len(self._kept)
+
+    def give(self, rid: str, *, keep: bool = False) -> tuple[int, int]:
+        """A handle for request ``rid``: (handle, generation). ``keep``: its
+        consumer reads its store rows and ``release``-s them."""
         h = self._free.pop()
-        self.steps[h] = self.held[h] = 0
+        self.steps[h] = self.held[h] = self.launched[h] = 0
         self.rid[h] = rid
+        self.owners[h] = 1
+        if keep:
+            self.owners[h] = 2
+            self._kept[rid] = h
         return h, int(self.gen[h])
 
     def take_back(self, handle: int, gen: int) -> None:
         """The request holding (``handle``, ``gen``) ended; a second call is a no-op."""
         if handle >= 0 and self.gen[handle] == gen:
             self.gen[handle] += 1
+            self._drop_owner(handle)
+
+    def release(self, rid: str) -> None:
+        """``rid``'s consumer reads its store rows no more; unknown or already
+        released requests (or ones never given a handle) are ignored."""
+        h = self._kept.pop(rid, None)
+        if h is not None:
+            self._drop_owner(h)
+
+    def _drop_owner(self, handle: int) -> None:
+        self.owners[handle] -= 1
+        if self.owners[handle] == 0:
             self._free.append(handle)
 
+    def store_index(self, out: np.ndarray, rows: np.ndarray, finals: list[tuple[int, int]],
+                    p0: int) -> None:
+        """Fill ``out`` (one store index per output row of a step about to launch):
+        decode row i of handle ``rows[i]`` writes its next step, prefill row
+        ``p0 + i`` of each final chunk ``(i, handle)`` its first; every other row
+        the scratch row."""
+        w = self.width
+        out.fill(len(self.gen) * w)
+        b = len(rows)
+        if b:
+            col = self.launched[rows]
+            out[:b] = rows * w + np.minimum(col, w - 1)
+            self.launched[rows] = col + 1
+        for i, h in finals:
+            out[p0 + i] = h * w
+            self.launched[h] = 1
     def rows_of(self, key: object, handles: Callable[[], tuple[list[int], list[int]]]
                 ) -> tuple[np.ndarray, np.ndarray]:
         """The (handles, generations) of a step's rows, from ``handles()`` when
@@ -111,7 +167,8 @@ class Handover:
     def flush(self, ring_codes: np.ndarray, ring_hidden: np.ndarray | None) -> Batch | None:
         """This turn's hand-overs: one gather out of ``ring_codes`` ``[ring, rows,
         vq (+ flags)]`` and ``ring_hidden`` ``[ring, rows, hidden]`` (None: no
-        hidden states), or None if nobody is handed anything."""
+        hidden states, or with a store its indices), or None if nobody is handed
+        anything."""
         if not self._vec and not self._one:
             return None
         e = np.concatenate([*self._vec, np.array([h for h, _ in self._one], dtype=np.int64)])
@@ -121,9 +178,13 @@ class Handover:
         ends = np.zeros(len(e) + 1, dtype=np.int64)
         np.cumsum(n, out=ends[1:])
         vq = ring_codes.shape[-1] - 1
+        hidden = ring_hidden[rings, rows] if ring_hidden is not None else None
+        if self.width and ring_hidden is None:  # the store: each held step's index
+            first = np.repeat(e * self.width + self.steps[e] - n, n)
+            hidden = first + np.arange(len(rings)) - np.repeat(ends[:-1], n)
         batch = Batch(rids=list(map(self.rid.__getitem__, e.tolist())),
                       codes=ring_codes[rings, rows, :vq],
-                      hidden=ring_hidden[rings, rows] if ring_hidden is not None else None,
+                      hidden=hidden,
                       ends=ends.tolist(),
                       done=frozenset(self.rid[h] for h, d in self._one if d))
         self.held[e] = 0

@@ -14,8 +14,11 @@ It does what a scheduler ``Plan`` says (``scheduler.py``) and nothing else:
    writes the slot's decode state, so it decodes from the next step on;
 4. **one copy out**: the step's codes and flags (and hidden states when a
    request wants them) go to a pinned ring buffer with non-blocking copies,
-   then one event. ``wait`` on that event is the step's only host sync; the
-   engine launches step ``t + 1`` before it waits on step ``t``.
+   then one event. With a hidden-state store (``RunnerConfig.store_rows``)
+   the hidden states stay on the device instead: one ``index_copy_`` puts each
+   output row into the store at the index the engine staged for it.
+   ``wait`` on that event is the step's only host sync; the engine launches
+   step ``t + 1`` before it waits on step ``t``.
 
 Device state per slot (slot ``slots`` is scratch, for a prefill's padded rows):
 ``istate`` int64 (codes in, position, step, seed, min_new, top_k, step
@@ -56,6 +59,10 @@ class RunnerConfig:
     ignore_eos: bool = False
     penalty_window: int = PENALTY_WINDOW
     ring: int = 8  # steps the pinned output ring holds (>= stream_interval + 2)
+    # The hidden-state store: rows x columns (handles + 2 rows of max_len + 1
+    # steps, see ``handover``); 0: hidden states go to the pinned ring.
+    store_rows: int = 0
+    store_cols: int = 0
 
 
 @dataclass
@@ -116,14 +123,23 @@ class ModelRunner:
         self.h_mv = torch.zeros((2, *self.mv.shape), dtype=torch.int64, pin_memory=pin)
         self.ring_i = torch.zeros((cfg.ring, *self.out_i.shape), dtype=torch.int32,
                                   pin_memory=pin)
-        self.ring_h = torch.zeros((cfg.ring, *self.out_h.shape), dtype=torch.float32,
-                                  pin_memory=pin)
+        # (empty with a store: hidden states then stay on the device)
+        self.ring_h = torch.zeros((cfg.ring, rows, 0 if cfg.store_rows else c.hidden_size),
+                                  dtype=torch.float32, pin_memory=pin)
         # numpy views, made once (no per-step tensor -> numpy conversions)
         self.np_pf_i = self.h_pf_i.numpy()
         self.np_pf_f = self.h_pf_f.numpy()
         self.np_mv = self.h_mv.numpy()
         self.np_ring_i = self.ring_i.numpy()
         self.np_ring_h = self.ring_h.numpy()
+        # the hidden-state store (device), and each step's staged store indices
+        self.store: torch.Tensor | None = None
+        if cfg.store_rows:
+            self.store = torch.zeros((cfg.store_rows * cfg.store_cols, c.hidden_size),
+                                     dtype=torch.float32, device=dev)
+            self.si = torch.zeros(rows, dtype=torch.int64, device=dev)
+            self.h_si = torch.zeros((2, rows), dtype=torch.int64, pin_memory=pin)
+            self.np_si = self.h_si.numpy()
         self._decode_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._turn = 0
@@ -235,6 +251,11 @@ class ModelRunner:
 
     # --- a step ---------------------------------------------------------------------
 
+    def staged_store_index(self) -> np.ndarray:
+        """The host buffer of store indices (one per output row) the next
+        ``launch`` reads when it wants hidden states and a store is kept."""
+        return self.np_si[self._turn % 2]
+
     def launch(self, plan: Plan, fill: Any, want_hidden: bool) -> Record:
         """Launch ``plan``'s step; nothing here waits on the device. ``fill(chunk)``
         gives a chunk's host-side inputs (see ``PrefillInputs``)."""
@@ -275,13 +296,17 @@ class ModelRunner:
             else:
                 self._prefill(nb, t, plan.prefill_length)
         r, p0 = rec.ring, self.p0
+        to_ring = want_hidden and self.store is None
+        if want_hidden and self.store is not None:
+            self.si.copy_(self.h_si[k], non_blocking=True)
+            self.store.index_copy_(0, self.si, self.out_h)
         if b:
             self.ring_i[r, :b].copy_(self.out_i[:b], non_blocking=True)
-            if want_hidden:
+            if to_ring:
                 self.ring_h[r, :b].copy_(self.out_h[:b], non_blocking=True)
         if n:
             self.ring_i[r, p0:p0 + n].copy_(self.out_i[p0:p0 + n], non_blocking=True)
-            if want_hidden:
+            if to_ring:
                 self.ring_h[r, p0:p0 + n].copy_(self.out_h[p0:p0 + n], non_blocking=True)
         if rec.done_event is not None:
             rec.done_event.record()

@@ -203,7 +203,9 @@ class Scheduler:
         """The position ``s``'s next decode step reads (``max_len``: past its end)."""
         return min(s.pos0 + self._plans - s.step0, self.config.max_len)
 
-    def schedule(self) -> Plan:
+    def schedule(self, admit: int | None = None) -> Plan:
+        """The next step's plan; at most ``admit`` waiting requests start in it
+        (None: as many as slots and the prefill budget allow)."""
         cfg = self.config
         origin: dict[int, int] = {}  # id(seq) -> its slot before this plan's moves
         moved: dict[int, Seq] = {}
@@ -266,7 +268,7 @@ class Scheduler:
                 break
             chunks.append(self._chunk(s, n))
             longest = max(longest, n)
-        while self._waiting and self._free:
+        while self._waiting and self._free and (admit is None or admit > 0):
             s = self._waiting[0][2]
             n = min(s.prompt_len, cfg.max_chunk)
             if not fits(len(chunks) + 1, max(longest, n)):
@@ -277,6 +279,8 @@ class Scheduler:
             self._prefilling.append(s)
             chunks.append(self._chunk(s, n))
             longest = max(longest, n)
+            if admit is not None:
+                admit -= 1
         prefill_tokens = prefill_length = 0
         if chunks:
             tb = bucket(longest, cfg.chunk_buckets, cfg.max_chunk)
