@@ -10,7 +10,7 @@ T0=$(date +%s); SRV=${SRV:-.gpu/srv}; export PYTHONPATH=.:/tmp/site PYTHONUNBUFF
 [ -d /tmp/ck/asset ] || python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
 E="python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt /tmp/ck --slots 512 --max-len 1536"
 for mode in host store; do
-  flag=""; [ $mode = store ] && flag=--hidden-store
+  flag="--kernels $OUT/kernels-$mode.txt"; [ $mode = store ] && flag="$flag --hidden-store"
   timeout 150 $E --levels 1,256x512,512x512 $flag --out $OUT/engine-$mode.json \
     > $OUT/engine-$mode.log 2>&1
   echo "engine, $mode: rc $? ($(( $(date +%s) - T0 )) s)"

@@ -20,6 +20,7 @@ import json
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,8 @@ def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
 
 async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                   levels: list[tuple[int, int]], want_hidden: bool = True,
-                  profile: str = "", dtype_name: str = "", **engine_kw: Any) -> dict[str, Any]:
+                  profile: str = "", dtype_name: str = "", kernels: str = "",
+                  **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
@@ -158,9 +160,36 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                 "other_syncs_flagged": len(syncs), "other_syncs_sample": syncs[:3],
             })
             print(json.dumps(out["levels"][-1]), flush=True)
+        if kernels:
+            out["kernels"] = await _kernel_table(engine, ids, emb, cuda)
     finally:
         await engine.close()
     return out
+
+
+async def _kernel_table(engine: Any, ids: tuple[int, ...], emb: Any, cuda: bool) -> str:
+    """One request of 48 steps alone under torch's profiler: the device kernels
+    by total time (what one step at one row is made of), as a table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    req = TokenRequest(request_id="kernels", prompt_token_ids=ids, max_tokens=48,
+                       sampling=SamplingSettings(temperature=0.3, top_p=0.7, top_k=20,
+                                                 repetition_penalty=1.05, seed=1),
+                       want_hidden=True, embeddings=emb)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        async for _ in engine.generate(req):
+            pass
+        engine.release_hidden(req.request_id)
+        await asyncio.sleep(0.05)  # the loop's last step back
+    events = prof.key_averages()
+    key = "device_time_total" if cuda else "cpu_time_total"
+    try:
+        table = events.table(sort_by=key, row_limit=40)
+    except (AttributeError, KeyError, ValueError):
+        table = events.table(sort_by="cuda_time_total" if cuda else key, row_limit=40)
+    return (f"# one request, 48 steps, alone ({engine.runner.graphs} graphs captured; device "
+            f"kernels from every thread, CPU ops from this one only)\n{table}")
 
 
 def run_engine_levels(ckpt: str, *, device: str, slots: int, max_len: int, levels: list[int],
@@ -188,6 +217,8 @@ def main() -> None:
                    "on CUDA)")
     p.add_argument("--profile", default="", help="write cProfile stats of the run here (from "
                    "the step loop's start; on Python 3.12 every thread shows)")
+    p.add_argument("--kernels", default="", help="after the levels, write the device kernels "
+                   "of one request of 48 steps alone here (torch profiler)")
     p.add_argument("--gil-switch-ms", type=float, default=0.0,
                    help="sys.setswitchinterval for this process (0: Python's 5 ms)")
     a = p.parse_args()
@@ -198,8 +229,10 @@ def main() -> None:
         kw["hidden_store"] = True
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
                               parse_levels(a.levels, a.steps), not a.no_hidden,
-                              a.profile, a.dtype, **kw))
+                              a.profile, a.dtype, a.kernels, **kw))
     res["gil_switch_ms"] = sys.getswitchinterval() * 1000
+    if a.kernels:
+        Path(a.kernels).write_text(res.pop("kernels"))
     emit_json(res, a.out)
 
 
