@@ -7,6 +7,7 @@
 #   FRONTENDS (default "1 2 4 8"), LEVELS (default 64,128,192,256), DURATION (default 15)
 #   STAGGER  seconds over which a level's users join (steady traffic; default 0: all at once)
 #   BURST    levels run again after the sweep with every user at once (e.g. 64), in $O/fF-burst
+#   SINGLE_S before the sweep, one user back to back for this many seconds, in $O/fF-single
 # The front ends are this script's own processes (no supervisor), so the bench runs with
 # --url: its CPU table counts only the bench; the front ends' and the worker's CPU is in
 # $O/logs/ps-F.txt (ps after each sweep).
@@ -43,6 +44,12 @@ for F in ${FRONTENDS:-1 2 4 8}; do
     done
     [ "$(left)" -lt 40 ] && { echo "front ends not ready in time"; tail -5 "$O"/logs/front-$F-*.log; break 2; }
   done
+  if [ -n "${SINGLE_S:-}" ]; then  # one user, turn after turn: TTFA at one stream from 20+ contexts
+    timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
+      --load stream --fragment token --tokens-per-s 40 --concurrency 1 --back-to-back \
+      --duration $SINGLE_S --warmup 1 --no-plots \
+      --note "$F front-end process(es), one GPU worker, one user back to back" --out "$O/f$F-single" 2>&1 | tail -3
+  fi
   timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
     --load stream --fragment token --tokens-per-s 40 --concurrency ${LEVELS:-64,128,192,256} \
     --duration ${DURATION:-15} --stagger-s ${STAGGER:-0} --warmup 1 --no-plots \
