@@ -22,6 +22,8 @@ for line in sys.stdin:
           'host_cpu_ms_per_step', 'host_ms_per_step', 'gpu_ms_per_step', 'gpu_busy',
           'host_syncs_per_step', 'other_syncs_flagged')})"
 done
+timeout 90 $E --levels 256x512 --hidden-store --profile $OUT/profile-store-256x512.txt \
+  > /dev/null 2>&1; echo "engine, store, profiled: rc $? ($(( $(date +%s) - T0 )) s)"
 rm -rf /tmp/fe
 # the server with the store, unless the engine could not run with it
 EXTRA='hidden_store = true'
