@@ -73,6 +73,13 @@ class BatcherConfig:
     # in bf16; ``bench/results/h200-chattts-decode-2026-12-04``), so a short hold
     # buys throughput; it delays a stream's later chunks once, by at most this.
     hold_s: float = 0.0
+    # ...and never past its stream's deadline (``decode(deadline=)``: when a
+    # listener who started playing at the stream's first chunk would have heard
+    # all its audio) less this margin: a decode call (H200, ChatTTS: ~17 ms at 64
+    # windows, ``bench/results/h200-chattts-decode-2026-12-04``), the hand-off to
+    # the front end, Opus and the network. So the hold follows the listeners'
+    # buffer levels: a stream about to run dry is decoded at once.
+    hold_margin_s: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_batch_frames < 1:
@@ -81,6 +88,8 @@ class BatcherConfig:
             raise ValueError("max_pad_fraction must be >= 0")
         if not 0 <= self.hold_s <= 1:
             raise ValueError("hold_s must be in [0, 1]")
+        if self.hold_margin_s < 0:
+            raise ValueError("hold_margin_s must be >= 0")
 
 
 @dataclass(slots=True)
@@ -136,12 +145,12 @@ def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]
 
 
 class _Item(Generic[W]):
-    __slots__ = ("future", "may_wait", "queued_at", "urgent", "window")
+    __slots__ = ("future", "hold_until", "urgent", "window")
 
     def __init__(self, window: W, future: asyncio.Future[FloatArray],
-                 urgent: bool, queued_at: float, may_wait: bool) -> None:
+                 urgent: bool, hold_until: float | None) -> None:
         self.window, self.future, self.urgent = window, future, urgent
-        self.queued_at, self.may_wait = queued_at, may_wait
+        self.hold_until = hold_until  # None: decode at once
 
 
 class DecodeBatcher(Generic[W]):
@@ -152,6 +161,7 @@ class DecodeBatcher(Generic[W]):
         self._decoder = decoder
         self._cfg = config or BatcherConfig()
         self._clock = clock
+        self.clock = clock  # the time ``decode``'s deadlines are on
         self._urgent: deque[_Item[W]] = deque()
         self._normal: deque[_Item[W]] = deque()
         self._wake = asyncio.Event()
@@ -220,18 +230,24 @@ class DecodeBatcher(Generic[W]):
                     item.future.set_exception(exc)
 
     async def decode(self, windows: Sequence[W], *, urgent: bool = False,
-                     may_wait: bool = False) -> list[FloatArray]:
+                     may_wait: bool = False, deadline: float | None = None
+                     ) -> list[FloatArray]:
         """Audio of each window, decoded in the next batched call(s). ``may_wait``:
         the windows may be held up to ``hold_s`` for company (their stream has
-        audio buffered ahead); others are decoded at once, with what is held."""
+        audio buffered ahead), and up to ``deadline`` (on ``clock``) less
+        ``hold_margin_s`` when given; others are decoded at once, with what is
+        held."""
         if not self.running:
             raise RuntimeError("the vocoder batcher is not running")
         if not windows:
             return []
         loop = asyncio.get_running_loop()
-        now = self._clock()
-        items = [_Item(w, loop.create_future(), urgent, now, may_wait and not urgent)
-                 for w in windows]
+        hold_until = None
+        if may_wait and not urgent:
+            hold_until = self._clock() + self._cfg.hold_s
+            if deadline is not None:
+                hold_until = min(hold_until, deadline - self._cfg.hold_margin_s)
+        items = [_Item(w, loop.create_future(), urgent, hold_until) for w in windows]
         lane = self._lane
         if urgent and lane is not None and lane.fits(
                 1, max(w.n_frames for w in windows)):
@@ -273,9 +289,10 @@ class DecodeBatcher(Generic[W]):
         q = self._normal
         if hold <= 0 or self._closing or self._urgent or not q:
             return 0.0
-        if len(q) >= self._cfg.max_batch or not all(i.may_wait for i in q):
+        if len(q) >= self._cfg.max_batch:
             return 0.0
-        return max(0.0, q[0].queued_at + hold - self._clock())
+        until = min((i.hold_until if i.hold_until is not None else 0.0) for i in q)
+        return max(0.0, until - self._clock())
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

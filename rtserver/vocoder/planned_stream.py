@@ -70,8 +70,8 @@ class FrameHistory:
 class PlannedStream(ABC, Generic[W]):
     """The push / finish / close cycle of one segment (see the module docstring)."""
 
-    __slots__ = ("_batcher", "_busy", "_closed", "_history", "_joiner", "_planner",
-                 "_sample_rate")
+    __slots__ = ("_batcher", "_busy", "_closed", "_emitted", "_first_at", "_history",
+                 "_joiner", "_planner", "_sample_rate")
 
     # "vocoder stream" in errors; subclasses name their model
     _what = "vocoder stream"
@@ -86,6 +86,8 @@ class PlannedStream(ABC, Generic[W]):
         self._history = FrameHistory(width, dtype)
         self._busy = False
         self._closed = False
+        self._first_at: float | None = None  # when the first audio came out (batcher clock)
+        self._emitted = 0  # samples returned so far
 
     @property
     def frames(self) -> int:
@@ -146,10 +148,14 @@ class PlannedStream(ABC, Generic[W]):
         windows = [self._window(self._history.window(j.start_frame, j.end_frame), j.start_frame)
                    for j in jobs]
         self._history.drop_before(self._planner.first_needed_frame())
+        # a listener who started playing at the first audio has heard it all by then
+        deadline = (None if self._first_at is None
+                    else self._first_at + self._emitted / self._sample_rate)
         try:
             audio = await self._batcher.decode(
                 windows, urgent=jobs[0].index == 0,
-                may_wait=jobs[0].emit_start >= HOLD_AFTER_S * self._sample_rate)
+                may_wait=jobs[0].emit_start >= HOLD_AFTER_S * self._sample_rate,
+                deadline=deadline)
         except BaseException:
             self.close()  # the schedule moved on without this audio: unusable
             raise
@@ -162,4 +168,8 @@ class PlannedStream(ABC, Generic[W]):
             raise
         chunks = [PcmChunk(self._joiner.join(j, a), self._sample_rate)
                   for j, a in zip(jobs, audio, strict=True)]
-        return [c for c in chunks if len(c.samples)]
+        out = [c for c in chunks if len(c.samples)]
+        if out and self._first_at is None:
+            self._first_at = self._batcher.clock()
+        self._emitted += sum(len(c.samples) for c in out)
+        return out

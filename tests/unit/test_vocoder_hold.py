@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import numpy as np
 import pytest
 
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
@@ -107,3 +109,86 @@ def test_device_defaults_hold_on_cuda_only_and_keep_what_is_set() -> None:
     assert (cfg(True, -1, -1).max_pad_fraction, cfg(True, -1, -1).hold_s) == (4.0, 0.04)
     assert (cfg(False, -1, -1).max_pad_fraction, cfg(False, -1, -1).hold_s) == (0.25, 0.0)
     assert (cfg(True, 0.5, 0.0).max_pad_fraction, cfg(True, 0.5, 0.0).hold_s) == (0.5, 0.0)
+
+
+async def test_a_stream_about_to_run_dry_is_not_held() -> None:
+    """A window whose stream's listener would run out of audio within the
+    margin is decoded at once, however long the hold."""
+    dec, batcher = await _started(BatcherConfig(hold_s=1.0, hold_margin_s=0.1))
+    try:
+        out = await asyncio.wait_for(batcher.decode(
+            [window(2, value=5)], may_wait=True, deadline=batcher.clock() + 0.05), 0.5)
+        assert float(out[0][0]) == 5.0 and dec.calls == [[2]]
+    finally:
+        await batcher.close()
+
+
+async def test_a_held_window_goes_by_its_deadline_less_the_margin() -> None:
+    """Deep enough for some hold but not for all of it: held until its deadline
+    less the margin, not for the whole hold."""
+    _dec, batcher = await _started(BatcherConfig(hold_s=1.0, hold_margin_s=0.02))
+    try:
+        t0 = batcher.clock()
+        out = await asyncio.wait_for(batcher.decode(
+            [window(2, value=7)], may_wait=True, deadline=t0 + 0.1), 0.9)
+        waited = batcher.clock() - t0
+        assert float(out[0][0]) == 7.0
+        assert 0.08 * 0.9 <= waited < 0.5  # ~80 ms: held, and let go before the hold's 1 s
+    finally:
+        await batcher.close()
+
+
+class _Recorder:
+    """A batcher as a stream sees it: records each decode's deadline, answers
+    each window with its frames' samples at once, on a clock the test sets."""
+
+    def __init__(self, spf: int) -> None:
+        self.now = 100.0
+        self.spf = spf
+        self.deadlines: list[float | None] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def decode(self, windows: list[Any], *, urgent: bool = False,
+                     may_wait: bool = False, deadline: float | None = None) -> list[Any]:
+        self.deadlines.append(deadline)
+        return [np.zeros(w.n_frames * self.spf, dtype=np.float32) for w in windows]
+
+
+async def test_a_streams_deadline_is_its_first_audio_plus_what_it_emitted() -> None:
+    """The deadline a stream gives the batcher: when a listener who started at
+    its first audio would have heard every sample it emitted so far."""
+    from rtserver.vocoder.chunking import ChunkConfig
+    from rtserver.vocoder.planned_stream import PlannedStream
+    from rtserver.voices.orpheus.snac_model import CodeWindow as Win
+
+    class Stream(PlannedStream[Win]):
+        __slots__ = ()
+
+        def _check(self, x: Any) -> Any:
+            return np.asarray(x, dtype=np.int64)
+
+        def _window(self, frames: Any, start_frame: int) -> Win:
+            return Win(frames, start_frame)
+
+    spf, rate = 100, 1000
+    rec = _Recorder(spf)
+    cfg = ChunkConfig(samples_per_frame=spf, first_frames=1, growth=1.0, max_chunk_frames=1,
+                      context_samples=0, first_lookahead_samples=0, lookahead_samples=0,
+                      crossfade_samples=0)
+    stream = Stream(rec, cfg, samples_per_frame=spf, sample_rate=rate,  # type: ignore[arg-type]
+                    width=7, dtype=np.int64)
+    emitted = 0
+    first_at = None
+    for k in range(4):
+        chunks = await stream.push(np.zeros((1, 7), dtype=np.int64))
+        if k == 0:
+            assert rec.deadlines == [None]  # nothing out yet: no deadline
+            first_at = rec.now
+        else:
+            assert first_at is not None
+            assert rec.deadlines[-1] == pytest.approx(first_at + emitted / rate)
+        emitted += sum(len(c.samples) for c in chunks)
+        rec.now += 0.03
+    assert emitted == 4 * spf
