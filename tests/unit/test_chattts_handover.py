@@ -85,3 +85,58 @@ def test_a_flagged_row_and_a_stale_generation() -> None:
     codes[1, :2, VQ] = 0
     ho.read_rows(hs, gs, 1, codes[1, :2, VQ])  # the step after b's end: b's row is stale
     assert ho.held[c[0]] == 0 and ho.held[a[0]] == 2
+
+
+def test_a_kept_handle_is_free_only_after_its_end_and_its_release() -> None:
+    """With a store, a handle comes back once both the request ended and its
+    consumer released it, in either order; an id used again before its first
+    consumer released holds a second handle, and releases go oldest first."""
+    ho = Handover(handles=3, hold=2, eager_steps=1, width=10)
+    a = ho.give("a", keep=True)
+    ho.take_back(*a)
+    assert ho.free == 2 and ho.kept == 1  # ended, still read by its consumer
+    ho.release("a")
+    assert ho.free == 3 and ho.kept == 0
+    ho.release("a")  # twice: nothing
+    assert ho.free == 3
+    b1 = ho.give("b", keep=True)
+    ho.release("b")  # released first, ends later
+    assert ho.free == 2
+    b2 = ho.give("b", keep=True)  # the same id again, the first still running
+    assert b2[0] != b1[0]
+    ho.take_back(*b1)
+    assert ho.free == 2 and ho.kept == 1  # b1 free now, b2 held
+    ho.take_back(*b2)
+    ho.release("b")
+    assert ho.free == 3 and ho.kept == 0
+    plain = ho.give("c")  # no consumer hold: free at its end
+    ho.take_back(*plain)
+    assert ho.free == 3
+
+
+def test_store_indices_follow_each_handles_steps() -> None:
+    """Decode rows write their next step's column, a prompt's final chunk its
+    step 0, every other output row the scratch row; a batch hands over the
+    indices of the steps it holds, in order."""
+    w = 10
+    ho = Handover(handles=4, hold=2, eager_steps=1, width=w)
+    a, b = ho.give("a", keep=True), ho.give("b", keep=True)
+    out = np.zeros(8, dtype=np.int64)  # decode rows 0..3, prefill rows 4..7
+    ho.store_index(out, np.zeros(0, dtype=np.int64), [(0, a[0]), (1, b[0])], p0=4)
+    scratch = 4 * w
+    assert out.tolist() == [scratch] * 4 + [a[0] * w, b[0] * w, scratch, scratch]
+    ho.hold_one(a[0], 0, 4, False)
+    ho.hold_one(b[0], 0, 5, False)
+    batch = ho.flush(np.zeros((3, 8, VQ + 1), dtype=np.int32), None)
+    assert batch is not None and batch.hidden is not None
+    assert batch.hidden.tolist() == [a[0] * w, b[0] * w]
+    hs, gs = np.array([b[0], a[0]]), np.array([b[1], a[1]])
+    for step in (1, 2):
+        ho.store_index(out, hs, [], p0=4)
+        assert out[:2].tolist() == [b[0] * w + step, a[0] * w + step]
+        ho.read_rows(hs, gs, step, np.zeros(2, dtype=np.int32))
+    batch = ho.flush(np.zeros((3, 8, VQ + 1), dtype=np.int32), None)
+    assert batch is not None and batch.hidden is not None
+    got = {rid: batch.hidden[batch.ends[j]:batch.ends[j + 1]].tolist()
+           for j, rid in enumerate(batch.rids)}
+    assert got == {"a": [a[0] * w + 1, a[0] * w + 2], "b": [b[0] * w + 1, b[0] * w + 2]}

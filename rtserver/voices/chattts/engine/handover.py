@@ -57,7 +57,9 @@ class Handover:
         self.width = width  # store columns per handle; 0: no store
         self.launched = np.zeros(handles, dtype=np.int64)  # steps launched (store column)
         self.owners = np.zeros(handles, dtype=np.int8)  # engine (1) + consumer (1)
-        self._kept: dict[str, int] = {}  # request -> the handle its consumer holds
+        # request -> the handles its consumers hold, oldest first (an id used again
+        # before its last consumer released it holds a second handle)
+        self._kept: dict[str, list[int]] = {}
         self.hold = hold
         self.eager = eager_steps
         self._vec: list[np.ndarray] = []  # handles handed steps this turn, in vectors
@@ -73,7 +75,7 @@ class Handover:
     @property
     def kept(self) -> int:
         """Handles whose consumer has not released them yet."""
-        return len(self._kept)
+        return sum(map(len, self._kept.values()))
 
     def give(self, rid: str, *, keep: bool = False) -> tuple[int, int]:
         """A handle for request ``rid``: (handle, generation). ``keep``: its
@@ -84,7 +86,7 @@ class Handover:
         self.owners[h] = 1
         if keep:
             self.owners[h] = 2
-            self._kept[rid] = h
+            self._kept.setdefault(rid, []).append(h)
         return h, int(self.gen[h])
 
     def take_back(self, handle: int, gen: int) -> None:
@@ -94,11 +96,14 @@ class Handover:
             self._drop_owner(handle)
 
     def release(self, rid: str) -> None:
-        """``rid``'s consumer reads its store rows no more; unknown or already
-        released requests (or ones never given a handle) are ignored."""
-        h = self._kept.pop(rid, None)
-        if h is not None:
-            self._drop_owner(h)
+        """``rid``'s consumer reads its store rows no more (the oldest, if the id
+        holds two); unknown or already released requests (or ones never given a
+        handle) are ignored."""
+        held = self._kept.get(rid)
+        if held:
+            self._drop_owner(held.pop(0))
+            if not held:
+                del self._kept[rid]
 
     def _drop_owner(self, handle: int) -> None:
         self.owners[handle] -= 1
