@@ -70,8 +70,8 @@ class FrameHistory:
 class PlannedStream(ABC, Generic[W]):
     """The push / finish / close cycle of one segment (see the module docstring)."""
 
-    __slots__ = ("_batcher", "_busy", "_closed", "_emitted", "_first_at", "_history",
-                 "_joiner", "_planner", "_sample_rate")
+    __slots__ = ("_batcher", "_busy", "_closed", "_first_at", "_history", "_joiner",
+                 "_planner", "_sample_rate")
 
     # "vocoder stream" in errors; subclasses name their model
     _what = "vocoder stream"
@@ -87,7 +87,6 @@ class PlannedStream(ABC, Generic[W]):
         self._busy = False
         self._closed = False
         self._first_at: float | None = None  # when the first audio came out (batcher clock)
-        self._emitted = 0  # samples returned so far
 
     @property
     def frames(self) -> int:
@@ -148,9 +147,10 @@ class PlannedStream(ABC, Generic[W]):
         windows = [self._window(self._history.window(j.start_frame, j.end_frame), j.start_frame)
                    for j in jobs]
         self._history.drop_before(self._planner.first_needed_frame())
-        # a listener who started playing at the first audio has heard it all by then
+        # a listener who started playing at the first audio has heard all sent so
+        # far (every sample before this decode's first) by then
         deadline = (None if self._first_at is None
-                    else self._first_at + self._emitted / self._sample_rate)
+                    else self._first_at + jobs[0].emit_start / self._sample_rate)
         try:
             audio = await self._batcher.decode(
                 windows, urgent=jobs[0].index == 0,
@@ -171,5 +171,4 @@ class PlannedStream(ABC, Generic[W]):
         out = [c for c in chunks if len(c.samples)]
         if out and self._first_at is None:
             self._first_at = self._batcher.clock()
-        self._emitted += sum(len(c.samples) for c in out)
         return out

@@ -65,13 +65,17 @@ TEXTS = [("a", "hello world", 11, 40), ("b", "你好我们", 12, 23), ("c", "one
 async def run_all(engine: TorchCodeEngine, reqs: list[TokenRequest], *, release: bool
                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each request's codes and hidden states (read out of the store, as the
-    decoder would, when the engine keeps one), requests joining while others run."""
+    decoder would, when the engine keeps one), each request joining once the one
+    before it has its first step (prefill beside decode, compaction)."""
+    started = [asyncio.Event() for _ in reqs]
 
     async def one(r: TokenRequest, k: int) -> tuple[np.ndarray, np.ndarray]:
-        await asyncio.sleep(0.003 * k)  # staggered joins: prefill beside decode, moves
+        if k:
+            await started[k - 1].wait()
         codes: list[tuple[int, ...]] = []
         hidden: list[np.ndarray] = []
         async for delta in engine.generate(r):
+            started[k].set()
             codes.extend(delta.codes)
             assert delta.hidden is not None
             h = np.asarray(delta.hidden)

@@ -99,4 +99,7 @@ def test_config_check() -> None:
         ChatTTSConfig(decoder="snac").check()
     with pytest.raises(ValueError, match="speed"):
         ChatTTSConfig(speed=12).check()
+    with pytest.raises(ValueError, match="hidden_store"):  # no hidden states on that route
+        ChatTTSConfig(decoder="dvae", hidden_store=True).check()
     ChatTTSConfig().check()
+    ChatTTSConfig(hidden_store=True).check()

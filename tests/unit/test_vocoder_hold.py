@@ -133,7 +133,7 @@ async def test_a_held_window_goes_by_its_deadline_less_the_margin() -> None:
             [window(2, value=7)], may_wait=True, deadline=t0 + 0.1), 0.9)
         waited = batcher.clock() - t0
         assert float(out[0][0]) == 7.0
-        assert 0.08 * 0.9 <= waited < 0.5  # ~80 ms: held, and let go before the hold's 1 s
+        assert 0.08 * 0.9 <= waited < 0.9  # ~80 ms: held, and let go before the hold's 1 s
     finally:
         await batcher.close()
 

@@ -80,6 +80,9 @@ class ChatTTSConfig:
         if self.decoder_dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"chattts.decoder_dtype {self.decoder_dtype!r}: auto, float32, "
                              "bfloat16")
+        if self.hidden_store and self.decoder != "decoder":
+            raise ValueError("chattts.hidden_store keeps hidden states for the 'decoder' "
+                             "route; chattts.decoder is 'dvae' (codes)")
         if self.decoder_hold_ms > 1000:
             raise ValueError("chattts.decoder_hold_ms must be <= 1000")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -396,7 +396,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
         prefill_tokens=cfg.prefill_tokens, max_waiting=cfg.max_waiting,
         max_queue_s=cfg.max_queue_s, retry_after_ms=cfg.retry_after_ms,
         ignore_eos=cfg.ignore_eos, eager_steps=cfg.eager_steps,
-        hidden_store=cfg.hidden_store and cfg.decoder == "decoder",
+        hidden_store=cfg.hidden_store,
         text_slots=cfg.refine_slots if cfg.refine_text else 0,
         text_max_len=min(max_len, 1024),
         stream_interval=max(1, cfg.stream_interval)),

@@ -139,6 +139,11 @@ class ChatTTSWindowDecoder:
     def input_dtype(self) -> type[np.generic]:
         return np.int64 if self._store is not None else self.dtype
 
+    @property
+    def _pad(self) -> int:
+        """What pads a window's data: zeros, or the store's zero row."""
+        return self._zero if self._store is not None else 0
+
     def _inputs(self, x: torch.Tensor) -> torch.Tensor:
         """A packed batch on the device: the hidden states its indices name (with a
         store), else ``x`` itself."""
@@ -184,8 +189,7 @@ class ChatTTSWindowDecoder:
         """(len(windows), n, input width) in a reused (pinned on CUDA) host buffer,
         each row's data then zeros (with a store: the zero row's index); and the
         lengths."""
-        torch_dtype = (torch.float32 if self.route == "decoder" and self._store is None
-                       else torch.int64)
+        torch_dtype = torch.float32 if self.input_dtype is np.float32 else torch.int64
         b, width = len(windows), self.input_width
         size = b * n * width
         buf = self._pinned
@@ -195,7 +199,7 @@ class ChatTTSWindowDecoder:
             self._pinned = buf
         x = buf[:size].view(b, n, width)
         xa = x.numpy()
-        pad = self._zero if self._store is not None else 0
+        pad = self._pad
         for i, w in enumerate(windows):
             xa[i, :w.n_frames] = w.data
             xa[i, w.n_frames:] = pad
@@ -306,8 +310,7 @@ class ChatTTSWindowDecoder:
     def warm_up(self) -> int:
         """One eager decode; with graphs, capture every bucket now. Returns graphs held."""
         if not self._lane:
-            pad = self._zero if self._store is not None else 0
-            self.decode([StepWindow(np.full((2, self.input_width), pad,
+            self.decode([StepWindow(np.full((2, self.input_width), self._pad,
                                             dtype=self.input_dtype), 0)])
         if self._use_graphs:
             with torch.inference_mode():

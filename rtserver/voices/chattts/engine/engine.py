@@ -225,7 +225,8 @@ class TorchCodeEngine:
         # handle at its first chunk and gives it back at its end); with a store,
         # twice that: a handle is held on until its consumer released it
         handles = (model.slots + c.prefill_rows) * (2 if c.hidden_store else 1)
-        width = model.max_len + 1 if c.hidden_store else 0
+        ho = self._ho = Handover(handles, max(1, c.stream_interval), c.eager_steps,
+                                 model.max_len + 1 if c.hidden_store else 0)
         chunk = min(c.prefill_chunk, model.max_len)
         self._sched = Scheduler(SchedulerConfig(
             slots=model.slots, max_len=model.max_len, prefill_tokens=c.prefill_tokens,
@@ -238,9 +239,7 @@ class TorchCodeEngine:
             eos_id=self.eos_id, graphs=c.cuda_graphs, batch_buckets=c.batch_buckets,
             min_new_steps=c.min_new_steps, ignore_eos=c.ignore_eos,
             penalty_window=c.penalty_window, ring=max(1, c.stream_interval) + 3,
-            store_rows=handles + 2 if c.hidden_store else 0, store_cols=width),
-            self._sched.config)
-        self._ho = Handover(handles, max(1, c.stream_interval), c.eager_steps, width)
+            store_rows=ho.store_rows, store_cols=ho.width), self._sched.config)
         if c.text_slots > 0:
             self._text = TextLane(model, c.text_slots, c.text_max_len)
         if model.device.type == "cuda" and c.cuda_graphs:
@@ -437,8 +436,7 @@ class TorchCodeEngine:
     @property
     def store_zero_index(self) -> int:
         """A store index whose row is always zeros (padding)."""
-        ho = self._handover
-        return (len(ho.gen) + 1) * ho.width
+        return self._handover.zero_index
 
     def release_hidden(self, request_id: str) -> None:
         """With ``hidden_store``: the consumer of ``request_id`` reads its store
@@ -618,8 +616,8 @@ class TorchCodeEngine:
             flags = ring[:b, vq]
             for i in ho.read_rows(hs, gs, r, flags):
                 self._step_of(rows[i], r, i, int(flags[i]), out)
-        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h
-                               if self._n_hidden > 0 and runner.store is None else None)
+        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0
+                               else None)
         if self._batch is not None:
             self._gen_tokens += self._batch.ends[-1]
         for seq in self._ending:

@@ -73,6 +73,22 @@ class Handover:
         return len(self._free)
 
     @property
+    def store_rows(self) -> int:
+        """Rows of the hidden-state store this layout needs (0: no store): one per
+        handle, then the scratch row, then the zero row."""
+        return len(self.gen) + 2 if self.width else 0
+
+    @property
+    def scratch_index(self) -> int:
+        """Where output rows no request reads are written."""
+        return len(self.gen) * self.width
+
+    @property
+    def zero_index(self) -> int:
+        """A store index whose row is never written (zeros: padding)."""
+        return (len(self.gen) + 1) * self.width
+
+    @property
     def kept(self) -> int:
         """Handles whose consumer has not released them yet."""
         return sum(map(len, self._kept.values()))
@@ -117,7 +133,7 @@ class Handover:
         ``p0 + i`` of each final chunk ``(i, handle)`` its first; every other row
         the scratch row."""
         w = self.width
-        out.fill(len(self.gen) * w)
+        out.fill(self.scratch_index)
         b = len(rows)
         if b:
             col = self.launched[rows]
@@ -172,8 +188,8 @@ class Handover:
     def flush(self, ring_codes: np.ndarray, ring_hidden: np.ndarray | None) -> Batch | None:
         """This turn's hand-overs: one gather out of ``ring_codes`` ``[ring, rows,
         vq (+ flags)]`` and ``ring_hidden`` ``[ring, rows, hidden]`` (None: no
-        hidden states, or with a store its indices), or None if nobody is handed
-        anything."""
+        hidden states; ignored with a store: its indices instead), or None if
+        nobody is handed anything."""
         if not self._vec and not self._one:
             return None
         e = np.concatenate([*self._vec, np.array([h for h, _ in self._one], dtype=np.int64)])
@@ -183,10 +199,12 @@ class Handover:
         ends = np.zeros(len(e) + 1, dtype=np.int64)
         np.cumsum(n, out=ends[1:])
         vq = ring_codes.shape[-1] - 1
-        hidden = ring_hidden[rings, rows] if ring_hidden is not None else None
-        if self.width and ring_hidden is None:  # the store: each held step's index
+        hidden = None
+        if self.width:  # the store: each held step's index
             first = np.repeat(e * self.width + self.steps[e] - n, n)
             hidden = first + np.arange(len(rings)) - np.repeat(ends[:-1], n)
+        elif ring_hidden is not None:
+            hidden = ring_hidden[rings, rows]
         batch = Batch(rids=list(map(self.rid.__getitem__, e.tolist())),
                       codes=ring_codes[rings, rows, :vq],
                       hidden=hidden,
