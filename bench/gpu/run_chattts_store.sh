@@ -5,6 +5,7 @@
 # (`[chattts] hidden_store = true`). Random weights of the real shapes (`gpu_chattts prepare`).
 # Carry .gpu/srv2 and .gpu/extra as for run_chattts_worker_levels.sh; run
 #   SRV=.gpu/srv2 OUT=$OUT LEVELS=1,256,512 LIMIT=560 bash bench/gpu/run_chattts_store.sh
+# (PROFILE=0 skips the cProfile run of the store's step loop.)
 T0=$(date +%s); SRV=${SRV:-.gpu/srv}; export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 [ -d /tmp/site/zmq ] || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
 [ -d /tmp/ck/asset ] || python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
@@ -22,8 +23,10 @@ for line in sys.stdin:
           'host_cpu_ms_per_step', 'host_ms_per_step', 'gpu_ms_per_step', 'gpu_busy',
           'host_syncs_per_step', 'other_syncs_flagged')})"
 done
-timeout 90 $E --levels 256x512 --hidden-store --profile $OUT/profile-store-256x512.txt \
-  > /dev/null 2>&1; echo "engine, store, profiled: rc $? ($(( $(date +%s) - T0 )) s)"
+if [ "${PROFILE:-1}" = 1 ]; then  # PROFILE=0: no cProfile run (saves ~60 s of device time)
+  timeout 90 $E --levels 256x512 --hidden-store --profile $OUT/profile-store-256x512.txt \
+    > /dev/null 2>&1; echo "engine, store, profiled: rc $? ($(( $(date +%s) - T0 )) s)"
+fi
 rm -rf /tmp/fe
 # the server with the store, unless the engine could not run with it
 EXTRA='hidden_store = true'
