@@ -121,7 +121,8 @@ class ChatTTSWindowDecoder:
         if self.route != "decoder" or store.shape[-1] != self.width:
             raise ValueError(f"a hidden-state store of width {self.width} needs the decoder "
                              f"route, not {self.route!r} with {tuple(store.shape)}")
-        if store.device != self.device:
+        here = torch.empty(0, device=self.device).device  # "cuda" names cuda:<current>
+        if store.device != here:
             raise ValueError(f"the store is on {store.device}, the decoder on {self.device}")
         self._store, self._zero = store, zero_index
 
