@@ -85,6 +85,10 @@ class VoiceInfo:
     # its worker threads); more at once share them, so each is slower in
     # proportion. 0: not bounded that way (a batching engine on a GPU).
     parallel_segments: int = 0
+    # A batching engine's rows: segments it makes at once, each at the r its
+    # load is measured at, so contexts starting together share them instead of
+    # queueing (``core.first_heard.queued_ahead_ms``). 0: not a batching engine.
+    batch_rows: int = 0
     # Where the times of its ``words`` events come from: "model" (the voice
     # puts the model's own word times on its chunks, ``PcmChunk.words``) or
     # "estimated" (the core spreads a segment's words over its expected audio

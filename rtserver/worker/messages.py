@@ -40,6 +40,7 @@ class VoiceEntry(msgspec.Struct, frozen=True, kw_only=True):
     first_chunk_plan_ms: tuple[float, ...] = ()
     first_chunk_cost_ms: tuple[float, ...] = ()
     parallel_segments: int = 0
+    batch_rows: int = 0
     capabilities: VoiceCapabilities = VoiceCapabilities()
     languages: tuple[str, ...] = ()
     controls: SpeechControls = SpeechControls()

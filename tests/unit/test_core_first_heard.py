@@ -4,6 +4,8 @@ admission with) against what a listener of the context really gets."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rtserver.clock import ManualClock
@@ -202,4 +204,37 @@ async def test_starts_elsewhere_count_as_the_starts_here_do() -> None:
     assert mixed == pytest.approx(three_here)
     here[0].release()
     elsewhere[voice.info.name] = 0  # the others' first audio is out
+    assert await first_hint("d") == pytest.approx(alone[0])
+
+
+async def test_a_batching_engine_s_starts_share_its_rows() -> None:
+    """A voice on a batching engine (``batch_rows``) makes the first chunks of
+    contexts starting together in one batch: four starts ahead of a context on
+    an 8-row engine add half of what one start adds to a voice that makes one
+    first chunk at a time, where they add four times that."""
+    clock, voice, core, start = await warm_core()
+
+    async def first_hint(name: str) -> float:
+        sink = await _speak(core, clock, name)
+        return next(e for e in sink.events if isinstance(e, BufferHint)).prebuffer_ms
+
+    async def hint_and_prediction(name: str) -> tuple[float, float]:
+        predicted = core.predicted_first_heard_ms(start)  # before its text: starts count
+        return await first_hint(name), predicted
+
+    alone = await hint_and_prediction("a")
+    ahead = [core.open(Start(context=f"o{i}", **OPUS), TimedSink(clock))  # type: ignore[arg-type]
+             for i in range(4)]
+    one_lane = await hint_and_prediction("b")
+    for ctx in ahead:  # the same four opened again: each counts for STARTING_WINDOW_S
+        ctx.release()
+    ahead = [core.open(Start(context=f"p{i}", **OPUS), TimedSink(clock))  # type: ignore[arg-type]
+             for i in range(4)]
+    voice.info = dataclasses.replace(voice.info, batch_rows=8)
+    batched = await hint_and_prediction("c")
+    for one, many, none in zip(one_lane, batched, alone, strict=True):
+        assert one - none > 5.0  # four first chunks queued ahead, one after another
+        assert many - none == pytest.approx((one - none) / 8, rel=0.05)
+    for ctx in ahead:
+        ctx.release()
     assert await first_hint("d") == pytest.approx(alone[0])

@@ -443,7 +443,8 @@ def test_every_field_of_a_voice_but_its_word_timing_crosses_the_link() -> None:
     assert set(m.VoiceEntry.__struct_fields__) == info_fields - {"word_timing"}
     info = VoiceInfo(name="fake:a", family="fake", sample_rate=RATE,
                      chunk_plan_ms=(32.0, 171.0), chunk_cost_ms=(85.0, 341.0),
-                     first_chunk_plan_ms=(32.0, 100.0), first_chunk_cost_ms=(85.0, 200.0))
+                     first_chunk_plan_ms=(32.0, 100.0), first_chunk_cost_ms=(85.0, 200.0),
+                     batch_rows=512)
     entry = m.VoiceEntry(**{f: getattr(info, f) for f in m.VoiceEntry.__struct_fields__})
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(entry), type=m.VoiceEntry)
     assert VoiceInfo(**msgspec.structs.asdict(again)) == info

@@ -256,7 +256,8 @@ class ChatTTSVoice:
             name=f"{FAMILY}:{speaker.name}", family=FAMILY, sample_rate=SAMPLE_RATE,
             language="zh", description=f"ChatTTS speaker {speaker.name} ({speaker.source})",
             chunk_plan_ms=plan_ms, chunk_cost_ms=cost_ms, capabilities=CAPABILITIES,
-            controls=CONTROLS, languages=("zh", "en"))  # upstream's normalizer reads either
+            controls=CONTROLS, languages=("zh", "en"),  # upstream's normalizer reads either
+            batch_rows=runtime.config.slots)
         self._closed = False
 
     @property

@@ -391,7 +391,8 @@ class OrpheusVoice:
                                first_chunk_plan_ms=first_plan_ms,
                                first_chunk_cost_ms=first_cost_ms,
                                capabilities=LORA_CAPABILITIES if adapter is not None
-                               else CAPABILITIES, controls=CONTROLS)
+                               else CAPABILITIES, controls=CONTROLS,
+                               batch_rows=runtime.config.max_num_seqs)
         self._closed = False
         self._open = 0  # streams in flight
         self._retired = False  # a LoRA voice removed: unload its adapter when idle
