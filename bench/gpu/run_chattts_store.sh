@@ -6,7 +6,7 @@
 # Carry .gpu/srv2 and .gpu/extra as for run_chattts_worker_levels.sh; run
 #   SRV=.gpu/srv2 OUT=$OUT LEVELS=1,256,512 LIMIT=560 bash bench/gpu/run_chattts_store.sh
 # (PROFILE=0 skips the cProfile run of the store's step loop.)
-T0=$(date +%s); SRV=${SRV:-.gpu/srv}; export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+T0=$(date +%s); SRV=${SRV:-.gpu/srv2}; export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 [ -d /tmp/site/zmq ] || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
 [ -d /tmp/ck/asset ] || python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
 E="python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt /tmp/ck --slots 512 --max-len 1536"

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # ChatTTS through one GPU worker and F front ends (issue 24/25), one sweep of levels, with the
 # worker's /metrics scraped every 2 s and the GPU's utilization sampled every 200 ms beside it.
-# Carry .gpu/srv (stage.sh of the server's wheels: websockets opuslib av uvicorn httptools h11
-# click pybase16384 cffi pycparser pyzmq msgspec py-spy) and this script; run
+# Carry .gpu/srv2 (`bash ../shared/gpu/stage.sh bench/gpu/server-wheels.txt .gpu/srv2`: the
+# server's wheels with its FastAPI stack) and this script; run
 #   FRONTENDS=4 LEVELS=1,64,128,256,320,384 DURATION=15 CHATTTS_EXTRA='decoder_hold_ms = 0' \
 #     bash bench/gpu/run_chattts_worker_levels.sh
 # Results land in $OUT (fe.tgz: the bench's folders and logs; worker-metrics.txt; gpu-util.txt).
-# SRV: the staged folder (default .gpu/srv); any .gpu/extra/*.whl and a libopus0 .deb beside
+# SRV: the staged folder (default .gpu/srv2); any .gpu/extra/*.whl and a libopus0 .deb beside
 # the parts are installed too (the server's FastAPI stack must be among the wheels).
-T0=$(date +%s); SRV=${SRV:-.gpu/srv}
+T0=$(date +%s); SRV=${SRV:-.gpu/srv2}
 bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1
 ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
-  --no-compile --target /tmp/site .gpu/extra/*.whl
+  --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
 if ! ldconfig -p | grep -q 'libopus\.so' && ls $SRV/libopus0_*.deb >/dev/null 2>&1; then
   dpkg -x $SRV/libopus0_*.deb /tmp/libopus && cp -a /tmp/libopus/usr/lib/x86_64-linux-gnu/libopus.so.0* \
     /usr/local/lib/ && ln -sf libopus.so.0 /usr/local/lib/libopus.so && ldconfig

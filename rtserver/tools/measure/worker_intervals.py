@@ -1,0 +1,122 @@
+"""A GPU worker's engine and decoder, interval by interval, from its /metrics scrapes.
+
+    python -m rtserver.tools.measure.worker_intervals worker-metrics.txt[.gz] [--every 2]
+
+The GPU scripts (``bench/gpu/run_*.sh``) scrape the worker's /metrics every 2 s
+into ``worker-metrics.txt``: a ``# t=<unix seconds>`` line, then the scrape's
+``rtserver_*`` samples. This prints, for each ``--every`` scrapes, the change of
+the engine's counters over it: steps a second, rows a step, host CPU and host
+wall time a step (the step loop outside its wait on the GPU), GPU time a step,
+and the ChatTTS decoder's calls a second, windows a call and decode seconds a
+second (above 1: decodes overlapped each other or the engine's steps on the
+GPU); the last column is the engine's running requests at the interval's end.
+Samples of one name are summed over their labels (one engine per family).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STEPS = "rtserver_engine_steps_total"
+ROWS = "rtserver_engine_rows_total"
+HOST_CPU = "rtserver_engine_host_cpu_seconds_total"
+HOST = "rtserver_engine_host_seconds_total"
+GPU = "rtserver_engine_gpu_seconds_total"
+DEC_CALLS = "rtserver_engine_chattts_decoder_calls_total"
+DEC_WINDOWS = "rtserver_engine_chattts_decoder_windows_total"
+DEC_SECONDS = "rtserver_engine_chattts_decoder_decode_seconds_total"
+RUNNING = "rtserver_engine_running_requests"
+NAMES = (STEPS, ROWS, HOST_CPU, HOST, GPU, DEC_CALLS, DEC_WINDOWS, DEC_SECONDS, RUNNING)
+
+
+@dataclass(slots=True)
+class Scrape:
+    t: float
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """The counters' change between two scrapes (per step, per call or per second)."""
+
+    end_s: float  # since the first scrape
+    steps_per_s: float
+    rows_per_step: float
+    host_cpu_ms: float
+    host_ms: float
+    gpu_ms: float
+    decoder_calls_per_s: float
+    windows_per_call: float
+    decoder_s_per_s: float
+    running: float
+
+
+def parse(lines: Iterable[str]) -> list[Scrape]:
+    """The scrapes that hold the engine's step counter, in order."""
+    scrapes: list[Scrape] = []
+    for line in lines:
+        if line.startswith("# t="):
+            scrapes.append(Scrape(float(line[4:])))
+            continue
+        if not scrapes or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{")
+        if not rest:
+            name = line.split(" ", 1)[0]
+        if name in NAMES:
+            v = scrapes[-1].values
+            v[name] = v.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return [s for s in scrapes if STEPS in s.values]
+
+
+def intervals(scrapes: Sequence[Scrape], every: int = 1) -> list[Interval]:
+    """One ``Interval`` per ``every`` scrapes."""
+    if every < 1:
+        raise ValueError("every must be >= 1")
+    out = []
+    for a, b in itertools.pairwise(scrapes[::every]):
+        d = {k: b.values.get(k, 0.0) - a.values.get(k, 0.0) for k in NAMES}
+        dt = b.t - a.t
+        if dt <= 0:
+            continue
+        steps = d[STEPS] or 1.0
+        calls = d[DEC_CALLS] or 1.0
+        out.append(Interval(
+            end_s=b.t - scrapes[0].t, steps_per_s=d[STEPS] / dt, rows_per_step=d[ROWS] / steps,
+            host_cpu_ms=1000 * d[HOST_CPU] / steps, host_ms=1000 * d[HOST] / steps,
+            gpu_ms=1000 * d[GPU] / steps, decoder_calls_per_s=d[DEC_CALLS] / dt,
+            windows_per_call=d[DEC_WINDOWS] / calls, decoder_s_per_s=d[DEC_SECONDS] / dt,
+            running=b.values.get(RUNNING, 0.0)))
+    return out
+
+
+def table(rows: Sequence[Interval]) -> str:
+    """A Markdown table of ``rows``."""
+    head = ("| end s | steps/s | rows/step | host CPU ms/step | host ms/step | GPU ms/step "
+            "| decoder calls/s | windows/call | decoder s/s | running |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    return head + "".join(
+        f"| {r.end_s:.0f} | {r.steps_per_s:.0f} | {r.rows_per_step:.0f} | {r.host_cpu_ms:.2f} "
+        f"| {r.host_ms:.2f} | {r.gpu_ms:.2f} | {r.decoder_calls_per_s:.1f} "
+        f"| {r.windows_per_call:.1f} | {r.decoder_s_per_s:.2f} | {r.running:.0f} |\n"
+        for r in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m rtserver.tools.measure.worker_intervals",
+                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("file", type=Path, help="worker-metrics.txt, or .txt.gz")
+    ap.add_argument("--every", type=int, default=1, help="scrapes per interval (default 1)")
+    args = ap.parse_args(argv)
+    opener = gzip.open if args.file.suffix == ".gz" else open
+    with opener(args.file, "rt") as f:
+        print(table(intervals(parse(f), args.every)), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""``tools.measure.worker_intervals``: a worker's counters, interval by interval."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from rtserver.tools.measure import worker_intervals as wi
+
+SCRAPE = """# t={t}
+# HELP rtserver_engine_steps_total steps
+rtserver_engine_steps_total{{family="chattts"}} {steps}
+rtserver_engine_rows_total{{family="chattts"}} {rows}
+rtserver_engine_host_cpu_seconds_total{{family="chattts"}} {cpu}
+rtserver_engine_gpu_seconds_total{{family="chattts"}} {gpu}
+rtserver_engine_chattts_decoder_calls_total {calls}
+rtserver_engine_chattts_decoder_windows_total {windows}
+rtserver_engine_running_requests{{family="chattts"}} {running}
+rtserver_engine_running_requests{{family="orpheus"}} 1
+"""
+
+
+def scrape(t: float, steps: int, rows: int, cpu: float, gpu: float, calls: int,
+           windows: int, running: int) -> str:
+    return SCRAPE.format(t=t, steps=steps, rows=rows, cpu=cpu, gpu=gpu, calls=calls,
+                         windows=windows, running=running)
+
+
+def test_each_interval_is_the_change_of_the_counters(tmp_path: Path) -> None:
+    text = ("# t=99.0\n"  # a scrape that failed: no samples, skipped
+            + scrape(100.0, 0, 0, 0.0, 0.0, 0, 0, 0)
+            + scrape(102.0, 200, 20_000, 0.2, 1.0, 40, 400, 100)
+            + scrape(104.0, 300, 60_000, 0.5, 2.0, 50, 500, 300))
+    rows = wi.intervals(wi.parse(text.splitlines()))
+    assert len(rows) == 2
+    a, b = rows
+    assert a.end_s == 2.0 and a.steps_per_s == 100.0 and a.rows_per_step == 100.0
+    assert a.host_cpu_ms == pytest.approx(1.0) and a.gpu_ms == pytest.approx(5.0)
+    assert a.decoder_calls_per_s == 20.0 and a.windows_per_call == 10.0
+    assert a.running == 101  # both families' gauges, summed
+    assert b.rows_per_step == 400.0 and b.host_cpu_ms == pytest.approx(3.0)
+    (every2,) = wi.intervals(wi.parse(text.splitlines()), every=2)
+    assert every2.steps_per_s == 75.0 and every2.end_s == 4.0
+    path = tmp_path / "worker-metrics.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    wi.main([str(path)])  # reads the gzip the GPU scripts keep
+
+
+def test_the_table_has_a_row_per_interval(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    path = tmp_path / "m.txt"
+    path.write_text(scrape(0.0, 0, 0, 0, 0, 0, 0, 0) + scrape(2.0, 10, 10, 0.01, 0.02, 1, 3, 5))
+    wi.main([str(path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| end s | steps/s")
+    assert out[2] == "| 2 | 5 | 1 | 1.00 | 0.00 | 2.00 | 0.5 | 3.0 | 0.00 | 6 |"
