@@ -153,6 +153,13 @@ class Normalizer:
         markdown image) follows."""
         return self._raw == "!" and self._mode == _NORMAL
 
+    @property
+    def in_markup(self) -> bool:
+        """Inside markup that decides white space itself (a link destination,
+        which drops it; inline or fenced code; a comment): the next space is not
+        plain text's."""
+        return self._mode != _NORMAL
+
     def settle_bang(self) -> None:
         """Decide a held lone ``!`` as text now (see ``holds_bang``): the
         segmenter's eager first cut does not wait for the next fragment."""

@@ -330,11 +330,13 @@ class Segmenter:
         cutting anything: the word in progress completes the first segment (its
         word limit, clause or sentence punctuation), or a CJK character would
         (its limit). None after the first segment, when white space would cut
-        nothing, after a digit (numbers arrive in pieces), or while the
-        normalizer or a CJK or abbreviation cut holds text back. A caller may
+        nothing, after a digit (numbers arrive in pieces), inside markup that
+        swallows white space (a link's ``](url)``), or while the normalizer or a
+        CJK or abbreviation cut holds text back. A caller may
         start speaking it early (a speculative start) and must compare it with
         the segment actually cut: more of the word makes another segment."""
-        if self._ended or self._index or self._norm.pending or self._norm.holds_bang:
+        norm = self._norm
+        if self._ended or self._index or norm.pending or norm.holds_bang or norm.in_markup:
             return None
         chars = self._buf.chars
         n = len(chars)

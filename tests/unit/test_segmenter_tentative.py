@@ -47,6 +47,19 @@ def test_clause_punctuation_and_what_waits() -> None:
         assert s.tentative() is None, held  # a title, a number, an abbreviation
 
 
+def test_nothing_is_guessed_inside_a_link_destination() -> None:
+    """``](url)`` drops its white space, so a space there cuts nothing: the
+    words before it are not guessed until the destination is closed."""
+    seg = Segmenter(SegmenterConfig(first_max_words=2))
+    seg.feed("hello [link](", 0.0)
+    assert seg.tentative() is None
+    assert seg.feed(" ", 0.0) == []  # inside the destination: dropped
+    seg.feed("http://x.com/a_(b))", 0.0)
+    guess = seg.tentative()
+    assert guess is not None and guess.text == "hello link"
+    assert seg.feed(" ", 0.0) == [guess]
+
+
 def test_cjk_characters_reaching_the_limit() -> None:
     seg = Segmenter(SegmenterConfig(first_max_words=2, cjk_chars_per_word=2))
     seg.feed("你好世", 0.0)
