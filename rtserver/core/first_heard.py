@@ -49,24 +49,21 @@ def hint_chunks(info: VoiceInfo, heard: HeardFormat, *, at_start: bool, segment_
                      for k in range(1, LATER_SEGMENTS + 1))], None
 
 
-def first_chunk_lanes(info: VoiceInfo) -> int:
-    """First chunks ``info``'s voice makes at once: its worker threads
-    (``parallel_segments``), else its engine's rows (``batch_rows``: a
-    storm's starts are prefilled and decoded in one batch), else one."""
-    return max(1, info.parallel_segments or info.batch_rows)
-
-
 def queued_ahead_ms(starting_ahead: int, rtf: float, chunk_ms: Sequence[float],
-                    parallel: int) -> float:
+                    info: VoiceInfo) -> float:
     """Work queued ahead of a context's later chunks, in ms: the first chunks
     of the ``starting_ahead`` other contexts starting now, which a voice serves
     first (a CPU voice's first-chunk lane), each about this context's own
-    first chunk at ``rtf``, shared by ``parallel`` lanes (``first_chunk_lanes``;
-    0: one). A hint that adds it to its prebuffer keeps the listener playing
-    while they are made; admission adds it to the first heard audio it predicts."""
+    first chunk at ``rtf``, shared by the first chunks ``info``'s voice makes
+    at once: its worker threads (``parallel_segments``), else its engine's
+    rows (``batch_rows``: a storm's starts are prefilled and decoded in one
+    batch), else one. A hint that adds it to its prebuffer keeps the listener
+    playing while they are made; admission adds it to the first heard audio
+    it predicts."""
     if starting_ahead <= 0 or not chunk_ms:
         return 0.0
-    return starting_ahead * rtf * chunk_ms[0] / max(1, parallel)
+    lanes = max(1, info.parallel_segments or info.batch_rows)
+    return starting_ahead * rtf * chunk_ms[0] / lanes
 
 
 def first_heard_ms(rtf: float, chunk_ms: Sequence[float], jitter_ms: float, *,
@@ -107,11 +104,10 @@ def predicted_first_heard_ms(stats: VoiceStats, info: VoiceInfo, heard: HeardFor
     chunks, cost = hint_chunks(info, heard, at_start=True,
                                segment_chars=min(limit(0), FIRST_SEGMENT_CHARS), index=0,
                                audio_ms_per_char=stats.audio_ms_per_char, limit=limit)
-    ahead = queued_ahead_ms(stats.load.starting_ahead(info.name, now), rtf, chunks,
-                            first_chunk_lanes(info))
+    ahead = queued_ahead_ms(stats.load.starting_ahead(info.name, now), rtf, chunks, info)
     # its hint asks for that much more audio, and its own chunks wait for them
     return ahead + first_heard_ms(rtf, chunks, hints.jitter_ms + ahead, cost_ms=cost)
 
 
-__all__ = ["FIRST_SEGMENT_CHARS", "LATER_SEGMENTS", "first_chunk_lanes", "first_heard_ms",
-           "hint_chunks", "predicted_first_heard_ms", "queued_ahead_ms"]
+__all__ = ["FIRST_SEGMENT_CHARS", "LATER_SEGMENTS", "first_heard_ms", "hint_chunks",
+           "predicted_first_heard_ms", "queued_ahead_ms"]

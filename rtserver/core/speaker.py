@@ -19,7 +19,7 @@ from rtserver.audio.framer import Framer
 from rtserver.audio.pcm import FloatArray
 from rtserver.audio.resample import Resampler
 from rtserver.core.events import AudioFrames, Ledger, Sink, SinkClosed
-from rtserver.core.first_heard import first_chunk_lanes, hint_chunks, queued_ahead_ms
+from rtserver.core.first_heard import hint_chunks, queued_ahead_ms
 from rtserver.core.framing import HeardFormat, encode_rate, make_framer
 from rtserver.core.pronounce import Pronouncer
 from rtserver.core.segments import SegmentQueue
@@ -307,7 +307,7 @@ class Speaker:
         if self.ledger.next_seq == 0:  # the first audio: others' first chunks come first
             others = self.shared.load.starting_ahead(self.voice.info.name, now) - (
                 id(self.ledger) in self.shared.load.starting)
-            jitter += queued_ahead_ms(others, rtf, chunks, first_chunk_lanes(self.voice.info))
+            jitter += queued_ahead_ms(others, rtf, chunks, self.voice.info)
         hint = prebuffer_ms(rtf, chunks, jitter, cost_ms=cost)
         if self.first_hint_ms is None:
             self.first_hint_ms = hint

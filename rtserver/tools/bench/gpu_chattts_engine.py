@@ -79,8 +79,9 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
             finally:
                 prof.disable()
                 with open(profile, "w") as f:  # own time, then the loop's parts inclusive
-                    pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
-                    pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
+                    stats = pstats.Stats(prof, stream=f)
+                    stats.sort_stats("tottime").print_stats(40)
+                    stats.sort_stats("cumulative").print_stats(40)
                 prof.dump_stats(profile + ".prof")  # the whole profile, for pstats
 
         engine._run = profiled  # type: ignore[method-assign]

@@ -89,6 +89,8 @@ class ChatTTSWindowDecoder:
                  graph_max_cells: int = 16384, stream: Any = None, lane: bool = False,
                  emulate_graphs: bool = False) -> None:
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current
+            self.device = torch.device("cuda", torch.cuda.current_device())  # (the engine's)
         self._stream = stream  # CUDA stream for all this decoder's work (None: current)
         self._lane = lane  # graphs only: shapes without one are refused (see ``fits``)
         self.route: Route = route
@@ -121,8 +123,7 @@ class ChatTTSWindowDecoder:
         if self.route != "decoder" or store.shape[-1] != self.width:
             raise ValueError(f"a hidden-state store of width {self.width} needs the decoder "
                              f"route, not {self.route!r} with {tuple(store.shape)}")
-        here = torch.empty(0, device=self.device).device  # "cuda" names cuda:<current>
-        if store.device != here:
+        if store.device != self.device:
             raise ValueError(f"the store is on {store.device}, the decoder on {self.device}")
         self._store, self._zero = store, zero_index
 
