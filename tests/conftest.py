@@ -3,15 +3,17 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from hypothesis import settings
-
 # The suite is deterministic: property tests draw the same examples on every run
 # (hypothesis' default draws new ones each run, so two fresh clones could fail on
 # different examples). `HYPOTHESIS_PROFILE=explore pytest ...` draws fresh random
-# examples to hunt for bugs; a failure found that way becomes a plain test.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.register_profile("explore", database=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# examples to hunt for bugs; a failure found that way becomes a plain test. The
+# parity venv (tests/parity, scripts/setup-parity.sh) has no hypothesis.
+if importlib.util.find_spec("hypothesis") is not None:
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    settings.register_profile("explore", database=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # vLLM on CPU (slow tests) must stay small; harmless for the rest.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
