@@ -34,7 +34,7 @@ from rtserver.server.workers import (
 )
 from rtserver.testing.procnet import listens
 from rtserver.testing.wait import scaled, wait_until_async
-from tests.deploy.util import free_port, scrape
+from tests.deploy.util import free_port, free_port_block, scrape
 
 WORKER = re.compile(r"worker (\d+) of (\d+), pid (\d+)(?:, gpu (\S+?)\))?")
 LONG_TEXT = " ".join(["The server keeps speaking while its neighbour takes the new calls."] * 5)
@@ -239,7 +239,7 @@ class Supervised:
 
     def __init__(self, tmp: Path, extra_env: dict[str, str] | None = None) -> None:
         self.port = free_port()
-        self.metrics_base = free_port()
+        self.metrics_base = free_port_block(2, avoid=(self.port,))  # child i: base + i
         env = dict(os.environ, RTSERVER_SERVER_METRICS_PORT=str(self.metrics_base),
                    RTSERVER_SERVER_DRAIN_TIMEOUT_S="20", CUDA_VISIBLE_DEVICES="3,5",
                    **(extra_env or {}))

@@ -37,7 +37,7 @@ pytest.importorskip("pybase16384")
 from rtserver.client import AudioFrames, ContextStream, RtClient, ServerError
 from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.chattts.speaker import encode_speaker
-from tests.deploy.util import free_port, scrape
+from tests.deploy.util import free_port, free_port_block, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,9 @@ class Split:
         write_tiny_chattts(root)
         vec = np.random.default_rng(5).standard_normal(32).astype(np.float32)
         (root / "voices.json").write_text(json.dumps({"alice": encode_speaker(vec)}))
-        self.port, self.metrics_base, self.worker_metrics = free_port(), free_port(), free_port()
+        self.port, self.worker_metrics = free_port(), free_port()
+        # front end i serves /metrics on metrics_port + i
+        self.metrics_base = free_port_block(2, avoid=(self.port, self.worker_metrics))
         cfg = tmp / "rtserver.toml"
         cfg.write_text(
             f'[server]\nmetrics_port = {self.metrics_base}\ndrain_timeout_s = 5\n'
