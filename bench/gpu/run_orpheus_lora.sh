@@ -7,6 +7,7 @@
 #   PH=base  the server as it runs today (LoRA off), every turn on orpheus:tara
 #   PH=lora  LoRA on (max_loras 8), every turn on one of the 8 adapter voices (seeded draw)
 #   PH=both  LoRA on, but every turn on the base voice: what turning LoRA on costs by itself
+#   PH=pair  one server, LoRA on: the base voice, then the 8 adapters mixed (one engine start)
 # The three runs draw the same texts in the same order (--voices lists of one length).
 # vLLM runs LoRA configs on its V1 model runner (its V2 runner falls back for LoRA: vLLM PR
 # 43084), and token_guard "none" lets the base run use V2: PH=both shows that part alone.
@@ -56,7 +57,8 @@ case $PH in
   base) VOICES=$base_voices ;;
   lora) VOICES=$lora_voices ;;
   both) VOICES=$base_voices ;;
-  *) echo "PH=$PH: base, lora or both"; exit 2 ;;
+  pair) VOICES=$base_voices ;;
+  *) echo "PH=$PH: base, lora, both or pair"; exit 2 ;;
 esac
 if [ "$PH" != base ]; then
   export RTSERVER_ORPHEUS_ADAPTERS=${adapters%,} RTSERVER_ORPHEUS_MAX_LORAS=$N
@@ -64,6 +66,30 @@ if [ "$PH" != base ]; then
 fi
 NOTE1="H200, Orpheus-3B shapes, random audio-biased weights: speed real, sound noise"
 NOTE2="PH=$PH: $([ $PH = lora ] && echo "$N LoRA adapters (rank $RANK, all linear layers, random) mixed, one drawn per turn" || echo "base voice only$([ $PH = both ] && echo ", LoRA on with $N adapters loaded")")"
+if [ "$PH" = pair ]; then
+  # one server (LoRA on, 8 adapters loaded), two runs on it: the base voice, then the 8
+  # adapters mixed; the same texts in the same order, on the same engine start
+  python3 -m rtserver serve --host 127.0.0.1 --port 8765 --voice orpheus:tara > "$O/server.log" 2>&1 & SRV=$!
+  until grep -qs "ready on" "$O/server.log"; do
+    kill -0 $SRV 2>/dev/null || { tail -30 "$O/server.log"; exit 1; }
+    [ "$(left)" -lt 60 ] && { echo "server not ready in time"; kill $SRV; exit 1; }
+    sleep 1
+  done
+  echo "server ready after $(( $(date +%s) - T_START )) s"
+  for run in base lora; do
+    V=$base_voices; [ $run = lora ] && V=$lora_voices
+    timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --url ws://127.0.0.1:8765/v1/stream \
+      --voice orpheus:tara --voices "${V%,}" --load stream --fragment token --tokens-per-s 40 \
+      --tags numbers,abbreviations --ttfa-p99-ms 120 --no-plots --note "$NOTE1" \
+      --note "PH=pair, run $run: LoRA on with $N adapters loaded (rank $RANK, all linear layers, random); $([ $run = lora ] && echo "the $N adapters mixed, one drawn per turn" || echo "every turn on the base voice")" \
+      --concurrency "${LEVELS:-1,8,32,64,128}" --duration "${DURATION:-18}" \
+      --stagger-s "${STAGGER:-8}" --warmup 1 --out "$O/$run" 2>&1 | tail -30 | tee "$O/bench-$run.log"
+  done
+  kill -TERM $SRV; wait $SRV
+  tar czf "$OUT/lora-$PH.tgz" -C /tmp "lora-$PH"
+  echo "done (left $(left) s)"
+  exit 0
+fi
 timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --voice orpheus:tara \
   --voices "${VOICES%,}" --load stream --fragment token --tokens-per-s 40 \
   --tags numbers,abbreviations --ttfa-p99-ms 120 --no-plots --note "$NOTE1" --note "$NOTE2" \

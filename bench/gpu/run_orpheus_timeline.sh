@@ -30,6 +30,43 @@ export RTSERVER_ORPHEUS_MODEL_DIR=$CK RTSERVER_ORPHEUS_SNAC_DIR=$CK/snac
 export RTSERVER_ORPHEUS_TOKEN_GUARD=none RTSERVER_ORPHEUS_DEVICE=cuda
 export RTSERVER_ORPHEUS_BUDGET_FRAMES_PER_CHAR=0.8 RTSERVER_ORPHEUS_BUDGET_BASE_FRAMES=12
 export RTSERVER_ORPHEUS_STREAM_INTERVAL=${STREAM_INTERVAL:-1}
+# INPROC=1: first a tiny Orpheus on this GPU with vLLM's EngineCore in this process and SNAC's
+# calls on their own stream (one segment end to end, ~1 min); if it speaks, the run serves with
+# engine_process "inproc" and vocoder main_stream on, else as before (the log says why).
+if [ "${INPROC:-0}" = 1 ]; then
+  timeout 150 python3 - > $O/logs/preflight.log 2>&1 <<'PY'
+import asyncio, sys, tempfile
+from pathlib import Path
+import numpy as np
+from rtserver.tools.layouts.snac import write_tiny_snac
+from rtserver.vocoder.config import VocoderConfig
+from rtserver.voices.base import SynthesisRequest
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
+from rtserver.voices.orpheus.voice import OrpheusConfig, load_orpheus_voice
+
+async def main() -> None:
+    root = Path(tempfile.mkdtemp())
+    cfg = OrpheusConfig(model_dir=str(write_tiny_orpheus(root / "llama", shape="tiny")),
+                        snac_dir=str(write_tiny_snac(root / "snac", seed=0)),
+                        dummy_weights=True, device="cuda", enforce_eager=True,
+                        max_model_len=2048, max_num_seqs=8, gpu_memory_utilization=0.1,
+                        engine_process="inproc", vocoder=VocoderConfig(main_stream=True))
+    v = await load_orpheus_voice(cfg, "tara")
+    await v.warm_up()
+    chunks = [c async for c in v.synthesize(SynthesisRequest(text="Hello there, this is a check.",
+                                                             request_id="pre-1", first=True))]
+    audio = np.concatenate([c.samples for c in chunks])
+    await v.close()
+    print(f"PREFLIGHT OK {len(chunks)} chunks, {len(audio)} samples, finite {np.isfinite(audio).all()}")
+
+asyncio.run(main())
+PY
+  if grep -q "PREFLIGHT OK" $O/logs/preflight.log; then
+    export RTSERVER_ORPHEUS_ENGINE_PROCESS=inproc RTSERVER_ORPHEUS_VOCODER_MAIN_STREAM=true
+  fi
+  tail -3 $O/logs/preflight.log; echo "preflight done after $(( $(date +%s) - T0 )) s"
+fi
+echo "engine_process ${RTSERVER_ORPHEUS_ENGINE_PROCESS:-separate}" | tee -a $O/env.txt
 TRACES=""; [ "${PROFILE:-1}" = 1 ] && TRACES=$O/traces
 export RTSERVER_ORPHEUS_PROFILE_DIR=$TRACES
 export RTSERVER_ADMISSION_CONNECTIONS_PER_MINUTE=0 RTSERVER_ADMISSION_CONTEXTS_PER_MINUTE=0 RTSERVER_ADMISSION_CHARS_PER_MINUTE=0 RTSERVER_ADMISSION_FIRST_HEARD_TARGET_MS=0
@@ -58,7 +95,7 @@ for L in ${LEVELS//,/ }; do
   [ "$(left)" -lt $(( STAGGER + DURATION + 40 )) ] && { echo "no time left for $L"; break; }
   python3 -m rtserver.tools.bench --url $URL --voice orpheus:tara --load stream --fragment token \
     --tokens-per-s 40 --concurrency $L --duration $DURATION --stagger-s $STAGGER --warmup 1 \
-    --no-plots --note "4 front ends, one GPU worker, stream_interval $RTSERVER_ORPHEUS_STREAM_INTERVAL" \
+    --no-plots --note "4 front ends, one GPU worker, stream_interval $RTSERVER_ORPHEUS_STREAM_INTERVAL, engine_process ${RTSERVER_ORPHEUS_ENGINE_PROCESS:-separate}" \
     --out $O/l$L > $O/logs/bench-$L.log 2>&1 & B=$!
   if [ "$L" -ge 64 ] && [ "${PROFILE:-1}" = 1 ]; then
     sleep $(( STAGGER + 4 ))
