@@ -9,7 +9,9 @@
 # SRV: the staged folder (default .gpu/srv2); any .gpu/extra/*.whl and a libopus0 .deb beside
 # the parts are installed too (the server's FastAPI stack must be among the wheels).
 T0=$(date +%s); SRV=${SRV:-.gpu/srv2}
-bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1
+# a machine that has the server's wheels already (e.g. the Orpheus runs' vLLM set) skips them
+[ -d /tmp/site/fastapi ] && [ -d /tmp/site/zmq ] && [ -d /tmp/site/opuslib ] \
+  || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
 ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
   --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
 if ! ldconfig -p | grep -q 'libopus\.so' && ls $SRV/libopus0_*.deb >/dev/null 2>&1; then
