@@ -91,24 +91,34 @@ class ChatLM:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
         return weight * h.to(x.dtype)
 
+    def _tables(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A forward's rotary tables in the model's dtype, cast once for every
+        layer (transformers' rotary embedding casts once a forward too), the
+        sine's first half negated so that ``_rotate`` needs no negation: x * -s
+        and -x * s are the same number."""
+        half = sin.shape[-1] // 2
+        return cos.to(self.dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1
+                                             ).to(self.dtype)
+
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """transformers ``apply_rotary_pos_emb`` (rotate_half), float32 tables."""
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return (x * cos.to(x.dtype)) + (rot * sin.to(x.dtype))
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """transformers ``apply_rotary_pos_emb``: x * cos + rotate_half(x) * sin,
+        with rotate_half(x) * sin as roll(x) * signed_sin (``_tables``)."""
+        return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` ``[n, T, hidden]`` -> q, k, v ``[n, heads, T, head_dim]`` (q and
-        k rotated), the attention's input in prefill, chunked prefill and decode."""
+        k rotated, in one pass over both), the attention's input in prefill,
+        chunked prefill and decode; ``cos, sin`` from ``_tables``."""
         n, t, _ = x.shape
         d = self.cfg.head_dim
         qkv = F.linear(self._rms(x, layer.ln1), layer.qkv)
-        q = qkv[..., :self._q].view(n, t, -1, d).transpose(1, 2)
-        k = qkv[..., self._q:self._q + self._kv].view(n, t, -1, d).transpose(1, 2)
+        qk = self._rotate(qkv[..., :self._q + self._kv].view(n, t, -1, d).transpose(1, 2),
+                          cos, sin)
+        heads = self._q // d
         v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        return qk[:, :heads], qk[:, heads:], v
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gu = F.linear(x, layer.gate_up)
@@ -154,7 +164,7 @@ class ChatLM:
         """
         kcache, vcache = cache if cache is not None else (self.k_cache, self.v_cache)
         n, t, _ = embeds.shape
-        cos, sin = self.cos[:t][None, None], self.sin[:t][None, None]
+        cos, sin = self._tables(self.cos[:t][None, None], self.sin[:t][None, None])
         x = embeds.to(self.dtype)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
@@ -182,7 +192,7 @@ class ChatLM:
         n, t, _ = embeds.shape
         posn = (start[:, None] + torch.arange(t, device=embeds.device)[None, :]
                 ).clamp(max=self.max_len)  # [n, T]
-        cos, sin = self.cos[posn][:, None], self.sin[posn][:, None]  # [n, 1, T, d]
+        cos, sin = self._tables(self.cos[posn][:, None], self.sin[posn][:, None])  # [n,1,T,d]
         keys = torch.arange(length, device=embeds.device)
         mask = (keys[None, None, :] <= posn[:, :, None])[:, None]  # [n, 1, T, L]
         rows = slots[:, None]
@@ -214,7 +224,7 @@ class ChatLM:
         b = x0.shape[0]
         kcache, vcache = cache
         rows = torch.arange(b, device=x0.device)
-        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]
+        cos, sin = self._tables(self.cos[pos][:, None, None], self.sin[pos][:, None, None])
         mask = (torch.arange(length, device=x0.device)[None, :] <= pos[:, None])
         mask = mask[:, None, None, :]
         x = x0.to(self.dtype)[:, None, :]  # [B, 1, hidden]
