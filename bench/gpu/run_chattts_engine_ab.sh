@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The ChatTTS engine alone (issue 25), this tree against a tree whose GPT forward is OLD_MODEL
+# (a copy of rtserver/voices/chattts/engine/model.py from an earlier commit, carried beside the
+# tree, e.g. .gpu/ab/model.py), on one machine in one call; then this tree's step loop under
+# cProfile at 256 rows (the per-step host floor split by function). Random weights of the real
+# shapes (`gpu_chattts prepare`). Needs torch and the server's wheels in /tmp/site.
+#   OLD_MODEL=.gpu/ab/model.py OUT=$OUT bash bench/gpu/run_chattts_engine_ab.sh
+T0=$(date +%s); export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
+OUT=${OUT:?OUT: where the results go}; LEVELS=${LEVELS:-1x128,256x512}
+CK=${CK:-/tmp/ck}; [ -d $CK/asset ] || PYTHONPATH=.:/tmp/site python3 -m rtserver.tools.bench.gpu_chattts \
+  prepare --ckpt $CK 2>&1 | tail -1
+rm -rf /tmp/ab-old && mkdir -p /tmp/ab-old && cp -r rtserver /tmp/ab-old/
+[ -n "${OLD_MODEL:-}" ] && cp "$OLD_MODEL" /tmp/ab-old/rtserver/voices/chattts/engine/model.py
+E="python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt $CK --slots ${SLOTS:-512} --max-len 1536 --device ${DEVICE:-cuda}"
+for tree in new old; do
+  root=.; [ $tree = old ] && root=/tmp/ab-old
+  [ $tree = old ] && [ -z "${OLD_MODEL:-}" ] && continue
+  PYTHONPATH=$root:/tmp/site timeout 150 $E --levels $LEVELS --out $OUT/engine-$tree.json \
+    > $OUT/engine-$tree.log 2>&1
+  echo "engine, $tree: rc $? ($(( $(date +%s) - T0 )) s)"
+  python3 -c "
+import json, sys
+for d in json.load(open('$OUT/engine-$tree.json'))['levels']:
+    print(' ', {k: d[k] for k in ('streams', 'steps', 'real_time_x_min', 'first_step_ms_p50',
+          'host_cpu_ms_per_step', 'host_ms_per_step', 'gpu_ms_per_step', 'gpu_busy')})" 2>&1 | tail -4
+done
+if [ "${PROFILE:-1}" = 1 ]; then
+  PYTHONPATH=.:/tmp/site timeout 100 $E --levels 256x512 --profile $OUT/profile-256x512.txt \
+    > /dev/null 2>&1; echo "engine, profiled at 256: rc $? ($(( $(date +%s) - T0 )) s)"
+  head -40 $OUT/profile-256x512.txt
+fi
