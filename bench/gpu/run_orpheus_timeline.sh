@@ -11,7 +11,8 @@
 # timeline-L.md (python -m rtserver.tools.bench.gpu_timeline), pyspy-L.txt / pyspy-gil-L.txt
 # (raw folded stacks), the bench's summaries, worker metrics, GPU utilization and logs.
 # PROFILE=0: no py-spy and no timeline (writing the traces stalls the worker and EngineCore for
-# seconds, so a profiled level's underruns are not the server's). Other RTSERVER_* settings pass
+# seconds, so a profiled level's underruns are not the server's); with PYSPY=1 py-spy alone
+# samples the worker at levels >= 128 (non-blocking). Other RTSERVER_* settings pass
 # through to the worker, e.g. RTSERVER_ORPHEUS_VOCODER_COMPILE=true or
 # RTSERVER_ORPHEUS_VOCODER_MAX_PAD_FRACTION=0.5.
 # Random weights of the real shapes (Orpheus-3B, SNAC 24 kHz): speed real, sound noise.
@@ -106,6 +107,12 @@ for L in ${LEVELS//,/ }; do
     sleep 2; ls -la $O/traces
     python3 -m rtserver.tools.bench.gpu_timeline $O/traces --out $O/timeline-$L.md | head -14
     tar czf $OUT/traces-$L.tgz -C $O traces
+  fi
+  if [ "$L" -ge 128 ] && [ "${PROFILE:-1}" = 0 ] && [ "${PYSPY:-0}" = 1 ]; then
+    # PYSPY=1 with PROFILE=0: py-spy alone (non-blocking sampling; no trace stalls the worker)
+    sleep $(( STAGGER + 4 ))
+    /tmp/site/bin/py-spy record -p $WPID -d 8 -r 100 -f raw --threads -o $O/pyspy-$L.txt --nonblocking > /dev/null 2>&1 &
+    /tmp/site/bin/py-spy record -p $WPID -d 8 -r 100 -f raw --gil -o $O/pyspy-gil-$L.txt --nonblocking > /dev/null 2>&1
   fi
   wait $B; sed -n '/^| level/,/^$/p;/^| streams/,/^$/p' $O/l$L/summary.md | head -8
 done
