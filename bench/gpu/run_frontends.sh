@@ -21,12 +21,7 @@ O=${O:-/tmp/fe}; RUN=$(mktemp -d); EP=ipc://$RUN/gpu0.sock; mkdir -p "$O/logs"
 PORT=${PORT:-8765}; URL=ws://127.0.0.1:$PORT/v1/stream
 python3 -m rtserver worker --config "$CONFIG" --endpoint "$EP" > "$O/logs/worker.log" 2>&1 &
 WPID=$!
-until grep -qs "ready on" "$O/logs/worker.log"; do
-  kill -0 $WPID 2>/dev/null || { tail -30 "$O/logs/worker.log"; exit 1; }
-  [ "$(left)" -lt 60 ] && { echo "worker not ready in time"; kill $WPID; exit 1; }
-  sleep 1
-done
-echo "worker ready after $(( $(date +%s) - T0 )) s"
+. bench/gpu/lib.sh; wait_ready "$O/logs/worker.log" $WPID worker
 for F in ${FRONTENDS:-1 2 4 8}; do
   [ "$(left)" -lt 60 ] && { echo "no time left for F=$F"; break; }
   PIDS=()

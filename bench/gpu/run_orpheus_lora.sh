@@ -70,12 +70,7 @@ if [ "$PH" = pair ]; then
   # one server (LoRA on, 8 adapters loaded), two runs on it: the base voice, then the 8
   # adapters mixed; the same texts in the same order, on the same engine start
   python3 -m rtserver serve --host 127.0.0.1 --port 8765 --voice orpheus:tara > "$O/server.log" 2>&1 & SRV=$!
-  until grep -qs "ready on" "$O/server.log"; do
-    kill -0 $SRV 2>/dev/null || { tail -30 "$O/server.log"; exit 1; }
-    [ "$(left)" -lt 60 ] && { echo "server not ready in time"; kill $SRV; exit 1; }
-    sleep 1
-  done
-  echo "server ready after $(( $(date +%s) - T_START )) s"
+  . bench/gpu/lib.sh; T0=$T_START wait_ready "$O/server.log" $SRV server
   for run in base lora; do
     V=$base_voices; [ $run = lora ] && V=$lora_voices
     timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --url ws://127.0.0.1:8765/v1/stream \

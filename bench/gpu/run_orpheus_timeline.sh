@@ -76,12 +76,7 @@ echo "stream_interval $RTSERVER_ORPHEUS_STREAM_INTERVAL" | tee -a $O/env.txt
 RUN=$(mktemp -d); EP=ipc://$RUN/gpu0.sock; URL=ws://127.0.0.1:8765/v1/stream
 python3 -m rtserver worker --config /tmp/otl.toml --endpoint $EP > $O/logs/worker.log 2>&1 &
 WPID=$!
-until grep -qs "ready on" $O/logs/worker.log; do
-  kill -0 $WPID 2>/dev/null || { tail -30 $O/logs/worker.log; exit 1; }
-  [ "$(left)" -lt 60 ] && { echo "worker not ready in time"; kill $WPID; exit 1; }
-  sleep 1
-done
-echo "worker ready after $(( $(date +%s) - T0 )) s"
+. bench/gpu/lib.sh; wait_ready $O/logs/worker.log $WPID worker
 ( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $O/worker-metrics.txt ) & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $O/gpu-util.txt ) & N=$!
 P=()
