@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# ChatTTS on a bare H200 in ONE call (when machines are scarce): the server's wheels
+# (.gpu/srv2, .gpu/extra), the engine alone this tree against OLD_MODEL with the step loop's
+# profile (run_chattts_engine_ab.sh), then one GPU worker and 4 front ends: one user back to
+# back for SINGLE_S s, then LEVELS (run_chattts_worker_levels.sh). Carry .gpu/srv2, .gpu/extra
+# and the OLD_MODEL file (e.g. .gpu/ab); run
+#   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
+# $OUT: ab.log, engine-*.json, profile-256x512.txt, run.log, fe.tgz, worker-metrics.txt,
+# gpu-util.txt. Random weights of the real shapes: speed real, sound noise.
+T0=$(date +%s); export PYTHONUNBUFFERED=1
+OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv2}
+bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1
+ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+  --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
+  PYTHONPATH=/tmp/site python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
+} > $OUT/env.txt 2>&1
+OUT=$OUT bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
+grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"
+OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} LEVELS=${LEVELS:-256,384,512} DURATION=${DURATION:-16} \
+  STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
+  bash bench/gpu/run_chattts_worker_levels.sh > $OUT/run.log 2>&1
+tar czf $OUT/fe.tgz -C /tmp fe; gzip -f $OUT/worker-metrics.txt $OUT/gpu-util.txt
+tail -25 $OUT/run.log; echo "done ($(( $(date +%s) - T0 )) s)"
