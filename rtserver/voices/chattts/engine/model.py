@@ -74,8 +74,13 @@ class ChatLM:
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(max_len + 1, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = emb.cos().to(dev)  # [max_len, head_dim], float32
-        self.sin = emb.sin().to(dev)
+        # [max_len + 1, head_dim]: computed in float32 and cast to the model's
+        # dtype (as transformers' rotary embedding), the sine's first half
+        # negated so that ``_rotate`` needs no negation (x * -s == -x * s)
+        half = d // 2
+        self.cos = emb.cos().to(dev, dtype)
+        self.signed_sin = torch.cat([-emb[:, :half].sin(), emb[:, half:].sin()], dim=-1
+                                    ).to(dev, dtype)
         # slot ``slots`` and position ``max_len``: scratch (see the module docstring)
         shape = (cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, max_len + 1, d)
         self.k_cache = torch.zeros(shape, device=dev, dtype=dtype)
@@ -91,26 +96,17 @@ class ChatLM:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
         return weight * h.to(x.dtype)
 
-    def _tables(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A forward's rotary tables in the model's dtype, cast once for every
-        layer (transformers' rotary embedding casts once a forward too), the
-        sine's first half negated so that ``_rotate`` needs no negation: x * -s
-        and -x * s are the same number."""
-        half = sin.shape[-1] // 2
-        return cos.to(self.dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1
-                                             ).to(self.dtype)
-
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """transformers ``apply_rotary_pos_emb``: x * cos + rotate_half(x) * sin,
-        with rotate_half(x) * sin as roll(x) * signed_sin (``_tables``)."""
+        with rotate_half(x) * sin as roll(x) * signed_sin (``signed_sin``)."""
         return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` ``[n, T, hidden]`` -> q, k, v ``[n, heads, T, head_dim]`` (q and
         k rotated, in one pass over both), the attention's input in prefill,
-        chunked prefill and decode; ``cos, sin`` from ``_tables``."""
+        chunked prefill and decode; ``cos, sin``: rows of ``cos``, ``signed_sin``."""
         n, t, _ = x.shape
         d = self.cfg.head_dim
         qkv = F.linear(self._rms(x, layer.ln1), layer.qkv)
@@ -164,7 +160,7 @@ class ChatLM:
         """
         kcache, vcache = cache if cache is not None else (self.k_cache, self.v_cache)
         n, t, _ = embeds.shape
-        cos, sin = self._tables(self.cos[:t][None, None], self.sin[:t][None, None])
+        cos, sin = self.cos[:t][None, None], self.signed_sin[:t][None, None]
         x = embeds.to(self.dtype)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
@@ -192,7 +188,7 @@ class ChatLM:
         n, t, _ = embeds.shape
         posn = (start[:, None] + torch.arange(t, device=embeds.device)[None, :]
                 ).clamp(max=self.max_len)  # [n, T]
-        cos, sin = self._tables(self.cos[posn][:, None], self.sin[posn][:, None])  # [n,1,T,d]
+        cos, sin = self.cos[posn][:, None], self.signed_sin[posn][:, None]  # [n, 1, T, d]
         keys = torch.arange(length, device=embeds.device)
         mask = (keys[None, None, :] <= posn[:, :, None])[:, None]  # [n, 1, T, L]
         rows = slots[:, None]
@@ -224,7 +220,7 @@ class ChatLM:
         b = x0.shape[0]
         kcache, vcache = cache
         rows = torch.arange(b, device=x0.device)
-        cos, sin = self._tables(self.cos[pos][:, None, None], self.sin[pos][:, None, None])
+        cos, sin = self.cos[pos][:, None, None], self.signed_sin[pos][:, None, None]
         mask = (torch.arange(length, device=x0.device)[None, :] <= pos[:, None])
         mask = mask[:, None, None, :]
         x = x0.to(self.dtype)[:, None, :]  # [B, 1, hidden]
