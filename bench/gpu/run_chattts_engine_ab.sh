@@ -9,8 +9,10 @@ T0=$(date +%s); export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 OUT=${OUT:?OUT: where the results go}; LEVELS=${LEVELS:-1x128,256x512}
 CK=${CK:-/tmp/ck}; [ -d $CK/asset ] || PYTHONPATH=.:/tmp/site python3 -m rtserver.tools.bench.gpu_chattts \
   prepare --ckpt $CK 2>&1 | tail -1
-rm -rf /tmp/ab-old && mkdir -p /tmp/ab-old && cp -r rtserver /tmp/ab-old/
-[ -n "${OLD_MODEL:-}" ] && cp "$OLD_MODEL" /tmp/ab-old/rtserver/voices/chattts/engine/model.py
+if [ -n "${OLD_MODEL:-}" ]; then  # the old tree: this one with the old forward
+  rm -rf /tmp/ab-old && mkdir -p /tmp/ab-old && cp -r rtserver /tmp/ab-old/
+  cp "$OLD_MODEL" /tmp/ab-old/rtserver/voices/chattts/engine/model.py
+fi
 E="python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt $CK --slots ${SLOTS:-512} --max-len 1536 --device ${DEVICE:-cuda}"
 for tree in new old; do
   root=.; [ $tree = old ] && root=/tmp/ab-old

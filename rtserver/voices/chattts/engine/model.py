@@ -112,7 +112,7 @@ class ChatLM:
         qkv = F.linear(self._rms(x, layer.ln1), layer.qkv)
         qk = self._rotate(qkv[..., :self._q + self._kv].view(n, t, -1, d).transpose(1, 2),
                           cos, sin)
-        heads = self._q // d
+        heads = self.cfg.num_attention_heads
         v = qkv[..., self._q + self._kv:].view(n, t, -1, d).transpose(1, 2)
         return qk[:, :heads], qk[:, heads:], v
 
