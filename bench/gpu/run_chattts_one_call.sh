@@ -5,8 +5,9 @@
 # back for SINGLE_S s, then LEVELS (run_chattts_worker_levels.sh). Carry .gpu/srv2, .gpu/extra
 # and the OLD_MODEL file (e.g. .gpu/ab); run
 #   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
-# $OUT: ab.log, engine-*.json, profile-256x512.txt, run.log, fe.tgz, worker-metrics.txt,
-# gpu-util.txt. Random weights of the real shapes: speed real, sound noise.
+# $OUT: ab.log, env.txt, engine-{new,old}.json, fe.tgz and rest.tgz (the profile, run.log,
+# worker-metrics.txt.gz, gpu-util.txt.gz, the engine logs). Random weights of the real shapes:
+# speed real, sound noise.
 T0=$(date +%s); export PYTHONUNBUFFERED=1
 OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv2}
 bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1
@@ -21,4 +22,6 @@ OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} LEVELS=${LEVELS:-256,384,512} DURA
   STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
   bash bench/gpu/run_chattts_worker_levels.sh > $OUT/run.log 2>&1
 tar czf $OUT/fe.tgz -C /tmp fe; gzip -f $OUT/worker-metrics.txt $OUT/gpu-util.txt
+# at most 8 files come back from a call (session 14 lost the profile and the worker metrics)
+(cd $OUT && tar czf rest.tgz --remove-files $(ls | grep -v -x -E 'ab.log|env.txt|fe.tgz|engine-(new|old).json'))
 tail -25 $OUT/run.log; echo "done ($(( $(date +%s) - T0 )) s)"

@@ -29,6 +29,7 @@ PH=${PH:?PH=base, lora or both}
 CKPT=${CKPT:-/tmp/rnd3b} LORA=${LORA:-/tmp/lora3b} SHAPE=${SHAPE:-3b} SNAC_SHAPE=${SNAC_SHAPE:-24khz}
 RANK=${RANK:-64} N=8 OUT=${OUT:?OUT: where the results go}
 O=/tmp/lora-$PH; mkdir -p "$O" "$OUT"
+. bench/gpu/lib.sh; jit_restore  # compile caches of an earlier run, if carried (lib.sh)
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
   nproc; python3 -c "import sys, torch, vllm; print(sys.version.split()[0], torch.__version__, 'vllm', vllm.__version__)"
   git log -1 --format='commit %H' 2>/dev/null; echo "PH=$PH RANK=$RANK SHAPE=$SHAPE"; } > "$O/env.txt" 2>&1
@@ -70,7 +71,7 @@ if [ "$PH" = pair ]; then
   # one server (LoRA on, 8 adapters loaded), two runs on it: the base voice, then the 8
   # adapters mixed; the same texts in the same order, on the same engine start
   python3 -m rtserver serve --host 127.0.0.1 --port 8765 --voice orpheus:tara > "$O/server.log" 2>&1 & SRV=$!
-  . bench/gpu/lib.sh; T0=$T_START wait_ready "$O/server.log" $SRV server
+  T0=$T_START wait_ready "$O/server.log" $SRV server
   for run in base lora; do
     V=$base_voices; [ $run = lora ] && V=$lora_voices
     timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --url ws://127.0.0.1:8765/v1/stream \
@@ -80,7 +81,7 @@ if [ "$PH" = pair ]; then
       --concurrency "${LEVELS:-1,8,32,64,128}" --duration "${DURATION:-18}" \
       --stagger-s "${STAGGER:-8}" --warmup 1 --out "$O/$run" 2>&1 | tail -30 | tee "$O/bench-$run.log"
   done
-  kill -TERM $SRV; wait $SRV
+  kill -TERM $SRV; wait $SRV; jit_save "$OUT"
   tar czf "$OUT/lora-$PH.tgz" -C /tmp "lora-$PH"
   echo "done (left $(left) s)"
   exit 0
@@ -91,5 +92,6 @@ timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --voice orpheus:tara
   --spawn --ready-timeout 400 --concurrency "${LEVELS:-1,8,32,64,128}" \
   --duration "${DURATION:-18}" --stagger-s "${STAGGER:-8}" --warmup 0 --out "$O/run" 2>&1 \
   | tail -60 | tee "$O/bench.log"
+jit_save "$OUT"
 tar czf "$OUT/lora-$PH.tgz" -C /tmp "lora-$PH"
 echo "done (left $(left) s)"

@@ -9,7 +9,9 @@
 # rtserver/worker/profile.py).
 # $OUT gets traces-L.tgz per level (the raw traces) and orpheus-timeline-siN.tgz: per level
 # timeline-L.md (python -m rtserver.tools.bench.gpu_timeline), pyspy-L.txt / pyspy-gil-L.txt
-# (raw folded stacks), the bench's summaries, worker metrics, GPU utilization and logs.
+# (raw folded stacks), the bench's summaries, worker metrics, GPU utilization and logs; and
+# jit-fi.tgz / jit-compile.tgz, the compile caches (lib.sh jit_save): kept here as .gpu/jit/
+# and carried, they spare the next machine's start FlashInfer's JIT (lib.sh jit_restore).
 # PROFILE=0: no py-spy and no timeline (writing the traces stalls the worker and EngineCore for
 # seconds, so a profiled level's underruns are not the server's); with PYSPY=1 py-spy alone
 # samples the worker at levels >= 128 (non-blocking). Other RTSERVER_* settings pass
@@ -21,6 +23,7 @@ T0=${T_START:-$(date +%s)}; LIMIT=${LIMIT:-590}; left() { echo $(( LIMIT - ($(da
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 OUT=${OUT:?OUT: where the results go}; O=/tmp/otl; rm -rf $O; mkdir -p $O/logs $O/traces
 CK=${CKPT:-/tmp/rnd3b}
+. bench/gpu/lib.sh; jit_restore
 if [ ! -f $CK/snac/config.json ]; then
   python3 -m rtserver.voices.orpheus.layout $CK --shape 3b --weights audio-biased | tail -1
   python3 -m rtserver.tools.layouts.snac $CK/snac --shape 24khz | tail -1
@@ -34,9 +37,12 @@ export RTSERVER_ORPHEUS_STREAM_INTERVAL=${STREAM_INTERVAL:-1}
 # INPROC=1: first a tiny Orpheus on this GPU with vLLM's EngineCore in this process and SNAC's
 # calls on their own stream (one segment end to end, ~1 min); if it speaks, the run serves with
 # engine_process "inproc" and vocoder main_stream on, else as before (the log says why).
+# The preflight samples with vLLM's torch top-k/top-p: FlashInfer's would JIT-compile for
+# ~150 s first (lib.sh, jit_restore), which timed the session-14 preflight out; a hang
+# dumps every thread's stack into the log.
 if [ "${INPROC:-0}" = 1 ]; then
-  timeout 150 python3 - > $O/logs/preflight.log 2>&1 <<'PY'
-import asyncio, sys, tempfile
+  VLLM_USE_FLASHINFER_SAMPLER=0 timeout 150 python3 - > $O/logs/preflight.log 2>&1 <<'PY'
+import asyncio, faulthandler, sys, tempfile
 from pathlib import Path
 import numpy as np
 from rtserver.tools.layouts.snac import write_tiny_snac
@@ -44,6 +50,9 @@ from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices.base import SynthesisRequest
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
 from rtserver.voices.orpheus.voice import OrpheusConfig, load_orpheus_voice
+
+faulthandler.dump_traceback_later(140, exit=True)
+
 
 async def main() -> None:
     root = Path(tempfile.mkdtemp())
@@ -76,7 +85,7 @@ echo "stream_interval $RTSERVER_ORPHEUS_STREAM_INTERVAL" | tee -a $O/env.txt
 RUN=$(mktemp -d); EP=ipc://$RUN/gpu0.sock; URL=ws://127.0.0.1:8765/v1/stream
 python3 -m rtserver worker --config /tmp/otl.toml --endpoint $EP > $O/logs/worker.log 2>&1 &
 WPID=$!
-. bench/gpu/lib.sh; wait_ready $O/logs/worker.log $WPID worker
+wait_ready $O/logs/worker.log $WPID worker
 ( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $O/worker-metrics.txt ) & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $O/gpu-util.txt ) & N=$!
 P=()
@@ -114,6 +123,6 @@ done
 kill $S $N 2>/dev/null
 ps -o pid,pcpu,rss,etimes,args -p "$WPID,$(IFS=,; echo "${P[*]}")" > $O/logs/ps.txt
 kill -TERM "${P[@]}" $WPID; wait "${P[@]}" $WPID 2>/dev/null; rm -rf "$RUN"
-gzip -f $O/worker-metrics.txt $O/gpu-util.txt
+gzip -f $O/worker-metrics.txt $O/gpu-util.txt; jit_save $OUT
 tar czf $OUT/orpheus-timeline-si$RTSERVER_ORPHEUS_STREAM_INTERVAL.tgz -C /tmp --exclude='traces' otl
 ls -la $OUT; echo "done (left $(left) s)"

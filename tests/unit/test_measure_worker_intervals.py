@@ -57,3 +57,32 @@ def test_the_table_has_a_row_per_interval(capsys: pytest.CaptureFixture[str],
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| end s | steps/s")
     assert out[2] == "| 2 | 5 | 1 | 1.00 | 0.00 | 2.00 | 0.5 | 3.0 | 0.00 | 6 |"
+
+
+VLLM_SCRAPE = """# t={t}
+rtserver_engine_generation_tokens_total{{engine="vllm"}} {tokens}
+rtserver_engine_vocoder_calls_total{{engine="vllm"}} {calls}
+rtserver_engine_vocoder_windows_total{{engine="vllm"}} {windows}
+rtserver_engine_vocoder_first_lane_calls_total{{engine="vllm"}} {first}
+rtserver_engine_vocoder_decode_seconds_total{{engine="vllm"}} {dec}
+rtserver_engine_running_requests{{engine="vllm"}} {running}
+"""
+
+
+def test_a_vllm_worker_gets_tokens_and_vocoder_columns(capsys: pytest.CaptureFixture[str],
+                                                        tmp_path: Path) -> None:
+    """Orpheus' worker counts tokens, not steps: its scrapes are kept and its
+    table shows tokens a second and the vocoder's calls."""
+    path = tmp_path / "m.txt"
+    path.write_text(VLLM_SCRAPE.format(t=0.0, tokens=0, calls=0, windows=0, first=0, dec=0.0,
+                                       running=0)
+                    + VLLM_SCRAPE.format(t=2.0, tokens=16_000, calls=150, windows=450, first=40,
+                                         dec=1.8, running=120))
+    (row,) = wi.intervals(wi.parse(path.read_text().splitlines()))
+    assert row.tokens_per_s == 8000.0 and row.decoder_calls_per_s == 75.0
+    assert row.windows_per_call == 3.0 and row.first_lane_calls_per_s == 20.0
+    assert row.decoder_s_per_s == pytest.approx(0.9) and row.steps_per_s == 0.0
+    wi.main([str(path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| end s | tokens/s | vocoder calls/s")
+    assert out[2] == "| 2 | 8000 | 75.0 | 3.0 | 20.0 | 0.90 | 120 |"

@@ -10,6 +10,9 @@ wall time a step (the step loop outside its wait on the GPU), GPU time a step,
 and the ChatTTS decoder's calls a second, windows a call and decode seconds a
 second (above 1: decodes overlapped each other or the engine's steps on the
 GPU); the last column is the engine's running requests at the interval's end.
+A worker whose engine is vLLM's (Orpheus) counts no steps: its table has the
+tokens generated a second, and the vocoder's calls a second, windows a call,
+first-lane calls a second and decode seconds a second instead.
 Samples of one name are summed over their labels (one engine per family).
 """
 
@@ -31,7 +34,13 @@ DEC_CALLS = "rtserver_engine_chattts_decoder_calls_total"
 DEC_WINDOWS = "rtserver_engine_chattts_decoder_windows_total"
 DEC_SECONDS = "rtserver_engine_chattts_decoder_decode_seconds_total"
 RUNNING = "rtserver_engine_running_requests"
-NAMES = (STEPS, ROWS, HOST_CPU, HOST, GPU, DEC_CALLS, DEC_WINDOWS, DEC_SECONDS, RUNNING)
+TOKENS = "rtserver_engine_generation_tokens_total"  # vLLM's (Orpheus): no step counters
+VOC_CALLS = "rtserver_engine_vocoder_calls_total"
+VOC_WINDOWS = "rtserver_engine_vocoder_windows_total"
+VOC_FIRST = "rtserver_engine_vocoder_first_lane_calls_total"
+VOC_SECONDS = "rtserver_engine_vocoder_decode_seconds_total"
+NAMES = (STEPS, ROWS, HOST_CPU, HOST, GPU, DEC_CALLS, DEC_WINDOWS, DEC_SECONDS, RUNNING,
+         TOKENS, VOC_CALLS, VOC_WINDOWS, VOC_FIRST, VOC_SECONDS)
 
 
 @dataclass(slots=True)
@@ -54,10 +63,13 @@ class Interval:
     windows_per_call: float
     decoder_s_per_s: float
     running: float
+    tokens_per_s: float = 0.0  # vLLM's generated tokens (its workers count no steps)
+    first_lane_calls_per_s: float = 0.0  # the vocoder's (vLLM's workers)
 
 
 def parse(lines: Iterable[str]) -> list[Scrape]:
-    """The scrapes that hold the engine's step counter, in order."""
+    """The scrapes that hold the engine's step counter (vLLM's: its token
+    counter), in order."""
     scrapes: list[Scrape] = []
     for line in lines:
         if line.startswith("# t="):
@@ -71,7 +83,7 @@ def parse(lines: Iterable[str]) -> list[Scrape]:
         if name in NAMES:
             v = scrapes[-1].values
             v[name] = v.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return [s for s in scrapes if STEPS in s.values]
+    return [s for s in scrapes if STEPS in s.values or TOKENS in s.values]
 
 
 def intervals(scrapes: Sequence[Scrape], every: int = 1) -> list[Interval]:
@@ -85,18 +97,26 @@ def intervals(scrapes: Sequence[Scrape], every: int = 1) -> list[Interval]:
         if dt <= 0:
             continue
         steps = d[STEPS] or 1.0
-        calls = d[DEC_CALLS] or 1.0
+        dec_calls = d[DEC_CALLS] + d[VOC_CALLS]  # a worker serves one GPU family here
         out.append(Interval(
             end_s=b.t - scrapes[0].t, steps_per_s=d[STEPS] / dt, rows_per_step=d[ROWS] / steps,
             host_cpu_ms=1000 * d[HOST_CPU] / steps, host_ms=1000 * d[HOST] / steps,
-            gpu_ms=1000 * d[GPU] / steps, decoder_calls_per_s=d[DEC_CALLS] / dt,
-            windows_per_call=d[DEC_WINDOWS] / calls, decoder_s_per_s=d[DEC_SECONDS] / dt,
-            running=b.values.get(RUNNING, 0.0)))
+            gpu_ms=1000 * d[GPU] / steps, decoder_calls_per_s=dec_calls / dt,
+            windows_per_call=(d[DEC_WINDOWS] + d[VOC_WINDOWS]) / (dec_calls or 1.0),
+            decoder_s_per_s=(d[DEC_SECONDS] + d[VOC_SECONDS]) / dt,
+            running=b.values.get(RUNNING, 0.0), tokens_per_s=d[TOKENS] / dt,
+            first_lane_calls_per_s=d[VOC_FIRST] / dt))
     return out
 
 
-def table(rows: Sequence[Interval]) -> str:
-    """A Markdown table of ``rows``."""
+def table(rows: Sequence[Interval], vllm: bool = False) -> str:
+    """A Markdown table of ``rows``; ``vllm``: the columns of a vLLM worker."""
+    if vllm:
+        return ("| end s | tokens/s | vocoder calls/s | windows/call | first-lane calls/s "
+                "| vocoder s/s | running |\n|---|---|---|---|---|---|---|\n") + "".join(
+            f"| {r.end_s:.0f} | {r.tokens_per_s:.0f} | {r.decoder_calls_per_s:.1f} "
+            f"| {r.windows_per_call:.1f} | {r.first_lane_calls_per_s:.1f} "
+            f"| {r.decoder_s_per_s:.2f} | {r.running:.0f} |\n" for r in rows)
     head = ("| end s | steps/s | rows/step | host CPU ms/step | host ms/step | GPU ms/step "
             "| decoder calls/s | windows/call | decoder s/s | running |\n"
             "|---|---|---|---|---|---|---|---|---|---|\n")
@@ -115,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     opener = gzip.open if args.file.suffix == ".gz" else open
     with opener(args.file, "rt") as f:
-        print(table(intervals(parse(f), args.every)), end="")
+        scrapes = parse(f)
+    vllm = not any(STEPS in s.values for s in scrapes)
+    print(table(intervals(scrapes, args.every), vllm=vllm), end="")
 
 
 if __name__ == "__main__":
