@@ -18,7 +18,7 @@ ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no
 } > $OUT/env.txt 2>&1
 OUT=$OUT bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
 grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"
-OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} LEVELS=${LEVELS:-256,384,512} DURATION=${DURATION:-16} \
+OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} PYSPY_AT=${PYSPY_AT:-512} LEVELS=${LEVELS:-256,384,512} DURATION=${DURATION:-16} \
   STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
   bash bench/gpu/run_chattts_worker_levels.sh > $OUT/run.log 2>&1
 tar czf $OUT/fe.tgz -C /tmp fe; gzip -f $OUT/worker-metrics.txt $OUT/gpu-util.txt

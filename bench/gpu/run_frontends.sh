@@ -8,6 +8,8 @@
 #   STAGGER  seconds over which a level's users join (steady traffic; default 0: all at once)
 #   BURST    levels run again after the sweep with every user at once (e.g. 64), in $O/fF-burst
 #   SINGLE_S before the sweep, one user back to back for this many seconds, in $O/fF-single
+#   PYSPY_AT a level of the sweep: py-spy samples the worker and front end 0 in it (needs
+#            /tmp/site/bin/py-spy, staged with bench/gpu/server-wheels.txt)
 # The front ends are this script's own processes (no supervisor), so the bench runs with
 # --url: its CPU table counts only the bench; the front ends' and the worker's CPU is in
 # $O/logs/ps-F.txt (ps after each sweep).
@@ -45,10 +47,23 @@ for F in ${FRONTENDS:-1 2 4 8}; do
       --duration $SINGLE_S --warmup 1 --no-plots \
       --note "$F front-end process(es), one GPU worker, one user back to back" --out "$O/f$F-single" 2>&1 | tail -3
   fi
+  SPY=""
+  if [ -n "${PYSPY_AT:-}" ] && [ -x /tmp/site/bin/py-spy ]; then
+    # once level PYSPY_AT has run STAGGER + 2 s (every user joined): the worker and front end 0
+    # sampled for 6 s (non-blocking), raw folded stacks with threads in $O/logs
+    ( until grep -qs "sweep $PYSPY_AT: " "$O/logs/bench-$F.log"; do sleep 0.5; done
+      sleep $(( ${STAGGER:-0} + 2 ))
+      for w in worker:$WPID front0:${PIDS[0]}; do
+        /tmp/site/bin/py-spy record -p ${w#*:} -d 6 -r 100 -f raw --threads --nonblocking \
+          -o "$O/logs/pyspy-${w%%:*}-$PYSPY_AT.txt" > /dev/null 2>&1 &
+      done; wait ) & SPY=$!
+  fi
   timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
     --load stream --fragment token --tokens-per-s 40 --concurrency ${LEVELS:-64,128,192,256} \
     --duration ${DURATION:-15} --stagger-s ${STAGGER:-0} --warmup 1 --no-plots \
-    --note "$F front-end process(es), one GPU worker" --out "$O/f$F" 2>&1 | tail -8
+    --note "$F front-end process(es), one GPU worker" --out "$O/f$F" 2>&1 \
+    | tee "$O/logs/bench-$F.log" | tail -8
+  [ -n "$SPY" ] && kill $SPY 2>/dev/null
   if [ -n "${BURST:-}" ] && [ "$(left)" -gt 60 ]; then
     timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
       --load stream --fragment token --tokens-per-s 40 --concurrency $BURST \
