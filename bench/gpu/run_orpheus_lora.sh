@@ -72,6 +72,7 @@ if [ "$PH" = pair ]; then
   # adapters mixed; the same texts in the same order, on the same engine start
   python3 -m rtserver serve --host 127.0.0.1 --port 8765 --voice orpheus:tara > "$O/server.log" 2>&1 & SRV=$!
   T0=$T_START wait_ready "$O/server.log" $SRV server
+  jit_save "$OUT"  # now: a call cut short later still brings the caches back
   for run in base lora; do
     V=$base_voices; [ $run = lora ] && V=$lora_voices
     timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --url ws://127.0.0.1:8765/v1/stream \
@@ -81,7 +82,7 @@ if [ "$PH" = pair ]; then
       --concurrency "${LEVELS:-1,8,32,64,128}" --duration "${DURATION:-18}" \
       --stagger-s "${STAGGER:-8}" --warmup 1 --out "$O/$run" 2>&1 | tail -30 | tee "$O/bench-$run.log"
   done
-  kill -TERM $SRV; wait $SRV; jit_save "$OUT"
+  kill -TERM $SRV; wait $SRV
   tar czf "$OUT/lora-$PH.tgz" -C /tmp "lora-$PH"
   echo "done (left $(left) s)"
   exit 0

@@ -86,6 +86,7 @@ RUN=$(mktemp -d); EP=ipc://$RUN/gpu0.sock; URL=ws://127.0.0.1:8765/v1/stream
 python3 -m rtserver worker --config /tmp/otl.toml --endpoint $EP > $O/logs/worker.log 2>&1 &
 WPID=$!
 wait_ready $O/logs/worker.log $WPID worker
+jit_save $OUT  # now: a call cut short later still brings the caches back
 ( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $O/worker-metrics.txt ) & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $O/gpu-util.txt ) & N=$!
 P=()
@@ -123,6 +124,6 @@ done
 kill $S $N 2>/dev/null
 ps -o pid,pcpu,rss,etimes,args -p "$WPID,$(IFS=,; echo "${P[*]}")" > $O/logs/ps.txt
 kill -TERM "${P[@]}" $WPID; wait "${P[@]}" $WPID 2>/dev/null; rm -rf "$RUN"
-gzip -f $O/worker-metrics.txt $O/gpu-util.txt; jit_save $OUT
+gzip -f $O/worker-metrics.txt $O/gpu-util.txt
 tar czf $OUT/orpheus-timeline-si$RTSERVER_ORPHEUS_STREAM_INTERVAL.tgz -C /tmp --exclude='traces' otl
 ls -la $OUT; echo "done (left $(left) s)"
