@@ -3,7 +3,10 @@
 # (a copy of rtserver/voices/chattts/engine/model.py from an earlier commit, carried beside the
 # tree, e.g. .gpu/ab/model.py), on one machine in one call; then this tree's step loop under
 # cProfile at 256 rows (the per-step host floor split by function). Random weights of the real
-# shapes (`gpu_chattts prepare`). Needs torch and the server's wheels in /tmp/site.
+# shapes (`gpu_chattts prepare`). Needs torch and the server's wheels in /tmp/site. Each tree
+# also writes the device kernels of one request alone (kernels-{new,old}.txt): session 14 saw
+# the same GPU time a step with 200 fewer ops, and the tables show which kernels the step
+# spends it in.
 #   OLD_MODEL=.gpu/ab/model.py OUT=$OUT bash bench/gpu/run_chattts_engine_ab.sh
 T0=$(date +%s); export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 OUT=${OUT:?OUT: where the results go}; LEVELS=${LEVELS:-1x128,256x512}
@@ -18,7 +21,7 @@ for tree in new old; do
   root=.; [ $tree = old ] && root=/tmp/ab-old
   [ $tree = old ] && [ -z "${OLD_MODEL:-}" ] && continue
   PYTHONPATH=$root:/tmp/site timeout 150 $E --levels $LEVELS --out $OUT/engine-$tree.json \
-    > $OUT/engine-$tree.log 2>&1
+    --kernels $OUT/kernels-$tree.txt > $OUT/engine-$tree.log 2>&1
   echo "engine, $tree: rc $? ($(( $(date +%s) - T0 )) s)"
   python3 -c "
 import json, sys
