@@ -2,8 +2,9 @@
 # ChatTTS on a bare H200 in ONE call (when machines are scarce): the server's wheels
 # (.gpu/srv2, .gpu/extra), the engine alone this tree against OLD_MODEL with the step loop's
 # profile (run_chattts_engine_ab.sh), then one GPU worker and 4 front ends: one user back to
-# back for SINGLE_S s, then LEVELS (run_chattts_worker_levels.sh). Carry .gpu/srv2, .gpu/extra
-# and the OLD_MODEL file (e.g. .gpu/ab); run
+# back for SINGLE_S s, then LEVELS (default 64,128,256,384,512: issue 24's levels and 25's)
+# and a burst of BURST users at once (default 64) (run_chattts_worker_levels.sh). Carry
+# .gpu/srv2, .gpu/extra and the OLD_MODEL file (e.g. .gpu/ab); run
 #   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
 # $OUT: ab.log, env.txt, engine-{new,old}.json, fe.tgz and rest.tgz (the profile, run.log,
 # worker-metrics.txt.gz, gpu-util.txt.gz, the engine logs). Random weights of the real shapes:
@@ -18,7 +19,7 @@ ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no
 } > $OUT/env.txt 2>&1
 OUT=$OUT bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
 grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"
-OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} PYSPY_AT=${PYSPY_AT:-512} LEVELS=${LEVELS:-256,384,512} DURATION=${DURATION:-16} \
+OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} PYSPY_AT=${PYSPY_AT:-512} BURST=${BURST:-64} LEVELS=${LEVELS:-64,128,256,384,512} DURATION=${DURATION:-16} \
   STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
   bash bench/gpu/run_chattts_worker_levels.sh > $OUT/run.log 2>&1
 tar czf $OUT/fe.tgz -C /tmp fe; gzip -f $OUT/worker-metrics.txt $OUT/gpu-util.txt
