@@ -7,7 +7,8 @@
 # user has joined, py-spy samples the worker for 8 s, then it records a GPU timeline for
 # PROFILE_S s (SIGUSR1/SIGUSR2: traces of the worker and of vLLM's EngineCore,
 # rtserver/worker/profile.py).
-# $OUT gets traces-L.tgz per level (the raw traces) and orpheus-timeline-siN.tgz: per level
+# $OUT gets traces-L.tgz per level (the raw traces) and orpheus-timeline-siN.tgz (TAG, when
+# set, goes after "traces" and "timeline": two runs in one call keep both): per level
 # timeline-L.md (python -m rtserver.tools.bench.gpu_timeline), pyspy-L.txt / pyspy-gil-L.txt
 # (raw folded stacks), the bench's summaries, worker metrics, GPU utilization and logs; and
 # jit-fi.tgz / jit-compile.tgz, the compile caches (lib.sh jit_save): kept here as .gpu/jit/
@@ -21,7 +22,7 @@
 set -uo pipefail
 T0=${T_START:-$(date +%s)}; LIMIT=${LIMIT:-590}; left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
-OUT=${OUT:?OUT: where the results go}; O=/tmp/otl; rm -rf $O; mkdir -p $O/logs $O/traces
+OUT=${OUT:?OUT: where the results go}; TAG=${TAG:-}; O=/tmp/otl$TAG; rm -rf $O; mkdir -p $O/logs $O/traces
 CK=${CKPT:-/tmp/rnd3b}
 . bench/gpu/lib.sh; jit_restore
 if [ ! -f $CK/snac/config.json ]; then
@@ -111,7 +112,7 @@ for L in ${LEVELS//,/ }; do
     until [ "$(ls $O/traces 2>/dev/null | grep -c json)" -ge 2 ]; do sleep 0.5; [ "$(left)" -lt 20 ] && break; done
     sleep 2; ls -la $O/traces
     python3 -m rtserver.tools.bench.gpu_timeline $O/traces --out $O/timeline-$L.md | head -14
-    tar czf $OUT/traces-$L.tgz -C $O traces
+    tar czf $OUT/traces$TAG-$L.tgz -C $O traces
   fi
   if [ "$L" -ge 128 ] && [ "${PROFILE:-1}" = 0 ] && [ "${PYSPY:-0}" = 1 ]; then
     # PYSPY=1 with PROFILE=0: py-spy alone (non-blocking sampling; no trace stalls the worker)
@@ -125,5 +126,5 @@ kill $S $N 2>/dev/null
 ps -o pid,pcpu,rss,etimes,args -p "$WPID,$(IFS=,; echo "${P[*]}")" > $O/logs/ps.txt
 kill -TERM "${P[@]}" $WPID; wait "${P[@]}" $WPID 2>/dev/null; rm -rf "$RUN"
 gzip -f $O/worker-metrics.txt $O/gpu-util.txt
-tar czf $OUT/orpheus-timeline-si$RTSERVER_ORPHEUS_STREAM_INTERVAL.tgz -C /tmp --exclude='traces' otl
+tar czf $OUT/orpheus-timeline$TAG-si$RTSERVER_ORPHEUS_STREAM_INTERVAL.tgz -C /tmp --exclude='traces' otl$TAG
 ls -la $OUT; echo "done (left $(left) s)"
