@@ -27,7 +27,8 @@ for tree in new old; do
 import json, sys
 for d in json.load(open('$OUT/engine-$tree.json'))['levels']:
     print(' ', {k: d[k] for k in ('streams', 'steps', 'real_time_x_min', 'first_step_ms_p50',
-          'host_cpu_ms_per_step', 'host_ms_per_step', 'gpu_ms_per_step', 'gpu_busy')})" 2>&1 | tail -4
+          'host_cpu_ms_per_step', 'host_ms_per_step', 'host_ms_by_phase', 'gpu_ms_per_step',
+          'gpu_busy')})" 2>&1 | tail -4
 done
 if [ "${PROFILE:-1}" = 1 ]; then
   PYTHONPATH=.:/tmp/site timeout 100 $E --levels 256x512 --profile $OUT/profile-256x512.txt \

@@ -353,8 +353,8 @@ async def test_batched_equals_alone_through_chunks_and_moves(assets: LmAssets) -
 
 
 async def test_step_counters_on_metrics(assets: LmAssets) -> None:
-    """Rows, prefill positions and host time per step reach /metrics through
-    the engine collector."""
+    """Rows, prefill positions and host time per step (and its launch, read and
+    post phases) reach /metrics through the engine collector."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from rtserver.engine.base import EngineCollector
@@ -378,5 +378,11 @@ async def test_step_counters_on_metrics(assets: LmAssets) -> None:
     assert 4 * 19 <= got["rtserver_engine_rows_total"] <= 4 * 20
     assert got["rtserver_engine_host_seconds_total"] > 0
     assert got["rtserver_engine_host_cpu_seconds_total"] > 0
+    # the host time split by phase: each part of it, none beyond it
+    for kind in ("", "_cpu"):
+        parts = [got[f"rtserver_engine_host_{phase}{kind}_seconds_total"]
+                 for phase in ("launch", "read", "post")]
+        assert all(p > 0 for p in parts), parts
+        assert sum(parts) <= got[f"rtserver_engine_host{kind}_seconds_total"]
     assert got["rtserver_engine_steps_total"] >= 19
     assert got["rtserver_engine_gpu_seconds_total"] == 0  # CPU: no device timer

@@ -123,7 +123,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
 
             before = {k: getattr(c, k) for k in (
                 "steps", "decode_steps", "rows", "host_s", "host_cpu_s", "gpu_s", "wait_s",
-                "prefill_tokens", "prefill_padded", "moves", "syncs")}
+                "prefill_tokens", "prefill_padded", "moves", "syncs", "launch_s",
+                "launch_cpu_s", "read_s", "read_cpu_s", "post_s", "post_cpu_s")}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 if cuda:
@@ -153,6 +154,10 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                 "engine_steps": d["steps"],
                 "host_ms_per_step": round(1000 * d["host_s"] / st, 3),
                 "host_cpu_ms_per_step": round(1000 * d["host_cpu_s"] / st, 3),
+                # where the host's time a step goes: wall / CPU ms of each phase
+                "host_ms_by_phase": {ph: [round(1000 * d[f"{ph}_s"] / st, 3),
+                                          round(1000 * d[f"{ph}_cpu_s"] / st, 3)]
+                                     for ph in ("launch", "read", "post")},
                 "gpu_ms_per_step": round(1000 * d["gpu_s"] / st, 3),
                 "wait_ms_per_step": round(1000 * d["wait_s"] / st, 3),
                 "gpu_busy": round(d["gpu_s"] / wall, 3),

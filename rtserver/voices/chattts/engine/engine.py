@@ -144,6 +144,15 @@ class StepCounters:
     gpu_s: float = 0.0  # device time from a step's first launch to its copy out
     wait_s: float = 0.0  # time blocked in the wait
     syncs: int = 0  # host syncs (one per step read back)
+    # host_s and host_cpu_s split by phase (wall, CPU), of the same turns (those
+    # that launched a step); the rest (inbox, expiry, scheduling, store staging,
+    # the refine-text lane, these counters) is host minus the three
+    launch_s: float = 0.0  # runner.launch: inputs staged, graphs replayed
+    launch_cpu_s: float = 0.0
+    read_s: float = 0.0  # the previous step read back and handed over (handover.py)
+    read_cpu_s: float = 0.0
+    post_s: float = 0.0  # the hand-overs posted to the event loop
+    post_cpu_s: float = 0.0
 
 
 class TorchCodeEngine:
@@ -478,6 +487,15 @@ class TorchCodeEngine:
             "prefill_padded_tokens": ("Prompt positions prefilled, padded to the "
                                              "graph's shape", c.prefill_padded),
             "moves": ("KV slots moved to keep the decode batch compact", c.moves),
+            "host_launch_seconds": ("Engine thread wall time launching steps (inputs "
+                                    "staged, graphs replayed), summed", c.launch_s),
+            "host_launch_cpu_seconds": ("The same, CPU time", c.launch_cpu_s),
+            "host_read_seconds": ("Engine thread wall time reading steps back and "
+                                  "handing them over, summed", c.read_s),
+            "host_read_cpu_seconds": ("The same, CPU time", c.read_cpu_s),
+            "host_post_seconds": ("Engine thread wall time posting hand-overs to the "
+                                  "event loop, summed", c.post_s),
+            "host_post_cpu_seconds": ("The same, CPU time", c.post_cpu_s),
         }
 
     def store_rows_kept(self) -> int:
@@ -520,6 +538,7 @@ class TorchCodeEngine:
                 while not self._stop:
                     t0 = time.perf_counter()
                     cpu0 = time.thread_time()
+                    ph = [0.0] * 6  # launch, read, post: wall and CPU (StepCounters)
                     self._take_inbox()
                     out: list[_Event] = []
                     self._expire_waiting(out)
@@ -535,11 +554,14 @@ class TorchCodeEngine:
                         if store and self._n_hidden > 0:
                             self._stage_store(plan)
                         if not plan.empty:
+                            ta, ca = time.perf_counter(), time.thread_time()
                             try:
                                 rec = runner.launch(plan, self._inputs, self._n_hidden > 0)
                             except Exception as exc:  # OOM, or a bug in a shape
                                 log.exception("engine step failed")
                                 self._fail_plan(plan, out, exc)
+                            ph[0] += time.perf_counter() - ta
+                            ph[1] += time.thread_time() - ca
                     text = self._text is not None and self._text.busy
                     if text:
                         self._text_turn()
@@ -551,16 +573,22 @@ class TorchCodeEngine:
                         cpu_waited = time.thread_time() - cw  # CUDA spins in the wait
                         c.wait_s += waited
                         c.syncs += 1
+                        tr, cr = time.perf_counter(), time.thread_time()
                         self._read(prev, out)
+                        ph[2] += time.perf_counter() - tr
+                        ph[3] += time.thread_time() - cr
                     prev = rec
                     self._running = sched.running
                     self._n_waiting = sched.waiting
                     batch, self._batch = self._batch, None
                     if out or batch is not None:
+                        tp, cp = time.perf_counter(), time.thread_time()
                         self._post(out, batch)
+                        ph[4] += time.perf_counter() - tp
+                        ph[5] += time.thread_time() - cp
                     if rec is not None:
                         self._count(rec, time.perf_counter() - t0 - waited,
-                                    time.thread_time() - cpu0 - cpu_waited)
+                                    time.thread_time() - cpu0 - cpu_waited, ph)
                     elif not text:
                         self._wake.wait(0.05)
                         self._wake.clear()
@@ -574,11 +602,18 @@ class TorchCodeEngine:
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._resolve_text, results)
 
-    def _count(self, rec: Record, host_s: float, host_cpu_s: float) -> None:
+    def _count(self, rec: Record, host_s: float, host_cpu_s: float,
+               phases: list[float]) -> None:
         c, plan = self.counters_, rec.plan
         c.steps += 1
         c.host_s += host_s
         c.host_cpu_s += host_cpu_s
+        c.launch_s += phases[0]
+        c.launch_cpu_s += phases[1]
+        c.read_s += phases[2]
+        c.read_cpu_s += phases[3]
+        c.post_s += phases[4]
+        c.post_cpu_s += phases[5]
         if plan.rows:
             c.decode_steps += 1
             c.rows += len(plan.rows)
