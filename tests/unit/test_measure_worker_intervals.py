@@ -14,6 +14,7 @@ SCRAPE = """# t={t}
 rtserver_engine_steps_total{{family="chattts"}} {steps}
 rtserver_engine_rows_total{{family="chattts"}} {rows}
 rtserver_engine_host_cpu_seconds_total{{family="chattts"}} {cpu}
+rtserver_engine_host_launch_cpu_seconds_total{{family="chattts"}} {launch}
 rtserver_engine_gpu_seconds_total{{family="chattts"}} {gpu}
 rtserver_engine_chattts_decoder_calls_total {calls}
 rtserver_engine_chattts_decoder_windows_total {windows}
@@ -25,7 +26,7 @@ rtserver_engine_running_requests{{family="orpheus"}} 1
 def scrape(t: float, steps: int, rows: int, cpu: float, gpu: float, calls: int,
            windows: int, running: int) -> str:
     return SCRAPE.format(t=t, steps=steps, rows=rows, cpu=cpu, gpu=gpu, calls=calls,
-                         windows=windows, running=running)
+                         windows=windows, running=running, launch=cpu / 2)
 
 
 def test_each_interval_is_the_change_of_the_counters(tmp_path: Path) -> None:
@@ -38,6 +39,7 @@ def test_each_interval_is_the_change_of_the_counters(tmp_path: Path) -> None:
     a, b = rows
     assert a.end_s == 2.0 and a.steps_per_s == 100.0 and a.rows_per_step == 100.0
     assert a.host_cpu_ms == pytest.approx(1.0) and a.gpu_ms == pytest.approx(5.0)
+    assert a.phase_cpu_ms == pytest.approx((0.5, 0.0, 0.0))  # half of it launching
     assert a.decoder_calls_per_s == 20.0 and a.windows_per_call == 10.0
     assert a.running == 101  # both families' gauges, summed
     assert b.rows_per_step == 400.0 and b.host_cpu_ms == pytest.approx(3.0)
@@ -56,7 +58,8 @@ def test_the_table_has_a_row_per_interval(capsys: pytest.CaptureFixture[str],
     wi.main([str(path)])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| end s | steps/s")
-    assert out[2] == "| 2 | 5 | 1 | 1.00 | 0.00 | 2.00 | 0.5 | 3.0 | 0.00 | 6 |"
+    assert out[2] == ("| 2 | 5 | 1 | 1.00 | 0.50 / 0.00 / 0.00 | 0.00 | 2.00 | 0.5 | 3.0 "
+                      "| 0.00 | 6 |")
 
 
 VLLM_SCRAPE = """# t={t}

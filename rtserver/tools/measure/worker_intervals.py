@@ -6,7 +6,8 @@ The GPU scripts (``bench/gpu/run_*.sh``) scrape the worker's /metrics every 2 s
 into ``worker-metrics.txt``: a ``# t=<unix seconds>`` line, then the scrape's
 ``rtserver_*`` samples. This prints, for each ``--every`` scrapes, the change of
 the engine's counters over it: steps a second, rows a step, host CPU and host
-wall time a step (the step loop outside its wait on the GPU), GPU time a step,
+wall time a step (the step loop outside its wait on the GPU; the CPU's split
+into the launch, the read-back and hand-over, and the post), GPU time a step,
 and the ChatTTS decoder's calls a second, windows a call and decode seconds a
 second (above 1: decodes overlapped each other or the engine's steps on the
 GPU); the last column is the engine's running requests at the interval's end.
@@ -30,6 +31,7 @@ ROWS = "rtserver_engine_rows_total"
 HOST_CPU = "rtserver_engine_host_cpu_seconds_total"
 HOST = "rtserver_engine_host_seconds_total"
 GPU = "rtserver_engine_gpu_seconds_total"
+PHASES = tuple(f"rtserver_engine_host_{ph}_cpu_seconds_total" for ph in ("launch", "read", "post"))
 DEC_CALLS = "rtserver_engine_chattts_decoder_calls_total"
 DEC_WINDOWS = "rtserver_engine_chattts_decoder_windows_total"
 DEC_SECONDS = "rtserver_engine_chattts_decoder_decode_seconds_total"
@@ -40,7 +42,7 @@ VOC_WINDOWS = "rtserver_engine_vocoder_windows_total"
 VOC_FIRST = "rtserver_engine_vocoder_first_lane_calls_total"
 VOC_SECONDS = "rtserver_engine_vocoder_decode_seconds_total"
 NAMES = (STEPS, ROWS, HOST_CPU, HOST, GPU, DEC_CALLS, DEC_WINDOWS, DEC_SECONDS, RUNNING,
-         TOKENS, VOC_CALLS, VOC_WINDOWS, VOC_FIRST, VOC_SECONDS)
+         TOKENS, VOC_CALLS, VOC_WINDOWS, VOC_FIRST, VOC_SECONDS, *PHASES)
 
 
 @dataclass(slots=True)
@@ -63,6 +65,8 @@ class Interval:
     windows_per_call: float
     decoder_s_per_s: float
     running: float
+    # of host_cpu_ms: launch, read-back and hand-over, post (0 from workers before them)
+    phase_cpu_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     tokens_per_s: float = 0.0  # vLLM's generated tokens (its workers count no steps)
     first_lane_calls_per_s: float = 0.0  # the vocoder's (vLLM's workers)
 
@@ -105,7 +109,9 @@ def intervals(scrapes: Sequence[Scrape], every: int = 1) -> list[Interval]:
             windows_per_call=(d[DEC_WINDOWS] + d[VOC_WINDOWS]) / (dec_calls or 1.0),
             decoder_s_per_s=(d[DEC_SECONDS] + d[VOC_SECONDS]) / dt,
             running=b.values.get(RUNNING, 0.0), tokens_per_s=d[TOKENS] / dt,
-            first_lane_calls_per_s=d[VOC_FIRST] / dt))
+            first_lane_calls_per_s=d[VOC_FIRST] / dt,
+            phase_cpu_ms=(1000 * d[PHASES[0]] / steps, 1000 * d[PHASES[1]] / steps,
+                          1000 * d[PHASES[2]] / steps)))
     return out
 
 
@@ -117,11 +123,12 @@ def table(rows: Sequence[Interval], vllm: bool = False) -> str:
             f"| {r.end_s:.0f} | {r.tokens_per_s:.0f} | {r.decoder_calls_per_s:.1f} "
             f"| {r.windows_per_call:.1f} | {r.first_lane_calls_per_s:.1f} "
             f"| {r.decoder_s_per_s:.2f} | {r.running:.0f} |\n" for r in rows)
-    head = ("| end s | steps/s | rows/step | host CPU ms/step | host ms/step | GPU ms/step "
-            "| decoder calls/s | windows/call | decoder s/s | running |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| end s | steps/s | rows/step | host CPU ms/step | of it launch / read / post "
+            "| host ms/step | GPU ms/step | decoder calls/s | windows/call | decoder s/s "
+            "| running |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
         f"| {r.end_s:.0f} | {r.steps_per_s:.0f} | {r.rows_per_step:.0f} | {r.host_cpu_ms:.2f} "
+        f"| {' / '.join(f'{v:.2f}' for v in r.phase_cpu_ms)} "
         f"| {r.host_ms:.2f} | {r.gpu_ms:.2f} | {r.decoder_calls_per_s:.1f} "
         f"| {r.windows_per_call:.1f} | {r.decoder_s_per_s:.2f} | {r.running:.0f} |\n"
         for r in rows)
