@@ -223,6 +223,13 @@ class GpuConfig:
     # traces of the worker and of the engines that can, rtserver/worker/
     # profile.py), SIGUSR2 stops it and writes them here; "": off.
     profile_dir: str = ""
+    # The worker process's sys.setswitchinterval, ms. A thread back from a call
+    # that let the GIL go (the engine's wait on the GPU) waits up to this long
+    # for it while the event loop runs Python (CPython's take_gil); 5 is
+    # Python's default. Through the worker at ~90 ChatTTS rows a step, the
+    # engine thread's wall time a step was 6.3 ms against 1.9 ms of CPU
+    # (bench/results/h200-chattts-store-2026-12-05, server-store-rows-256).
+    gil_switch_ms: float = 5.0
 
 
 # The voice names of OpenAI's speech API (its API reference, POST /audio/speech).
@@ -492,5 +499,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"gpu.metrics_port {g.metrics_port} is out of range")
     if not 0 < g.heartbeat_s < g.timeout_s or g.request_buffer_s <= 0:
         raise ConfigError("gpu: 0 < heartbeat_s < timeout_s and request_buffer_s > 0")
+    if not 0.1 <= g.gil_switch_ms <= 100:
+        raise ConfigError(f"gpu.gil_switch_ms {g.gil_switch_ms:g}: 0.1 to 100")
     if not 0 <= s.metrics_port <= 65535:
         raise ConfigError(f"server.metrics_port {s.metrics_port} is out of range")

@@ -40,6 +40,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -480,6 +481,7 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
     if not endpoint:
         raise ConfigError("the GPU worker needs gpu.endpoint (the supervisor sets it)")
     say = say or (lambda msg: print(f"rtserver gpu worker: {msg}", flush=True))
+    sys.setswitchinterval(config.gpu.gil_switch_ms / 1000)  # the engine thread's GIL waits
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -536,7 +538,11 @@ class WorkerCollector(Collector):
         fronts = GaugeMetricFamily("rtserver_gpu_worker_frontends",
                                    "Front ends that spoke to the GPU worker lately")
         fronts.add_metric([], float(self.server.frontends))
-        yield from (held, cap, starting, fronts)
+        switch = GaugeMetricFamily("rtserver_gpu_worker_gil_switch_seconds",
+                                   "The worker process's GIL switch interval "
+                                   "(sys.getswitchinterval; gpu.gil_switch_ms)")
+        switch.add_metric([], sys.getswitchinterval())
+        yield from (held, cap, starting, fronts, switch)
 
 
 def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer

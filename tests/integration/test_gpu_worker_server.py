@@ -158,7 +158,7 @@ class Split:
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
-    srv = Split(tmp_path_factory.mktemp("split"))
+    srv = Split(tmp_path_factory.mktemp("split"), gpu="gil_switch_ms = 1.0\n")
     try:
         srv.wait_for(r"3 of 3 workers ready")
         yield srv
@@ -242,6 +242,7 @@ async def test_speaks_through_the_worker_and_front_ends_load_no_torch(split: Spl
     assert 'rtserver_gpu_worker_capacity{family="chattts"} 2.0' in body
     assert "rtserver_gpu_worker_frontends 2.0" in body
     assert "rtserver_engine_" in body
+    assert "rtserver_gpu_worker_gil_switch_seconds 0.001" in body  # gpu.gil_switch_ms
 
 
 async def test_cancel_frees_the_slot_in_the_worker(split: Split) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import ManualClock
-from rtserver.config import GpuConfig, load_config
+from rtserver.config import ConfigError, GpuConfig, load_config
 from rtserver.errors import (
     Busy,
     EngineDead,
@@ -589,6 +589,13 @@ def test_specs_split_between_the_front_end_and_the_worker() -> None:
     assert remote == ["chattts:alice", "orpheus:tara"]
     assert capacity_of(cfg, "chattts") == 64  # chattts.slots
     assert capacity_of(cfg, "orpheus") == 256  # orpheus.max_num_seqs
+
+
+@pytest.mark.parametrize("ms", ["0", "0.05", "101"])
+def test_a_gil_switch_outside_its_range_is_refused(ms: str) -> None:
+    with pytest.raises(ConfigError, match=r"gpu\.gil_switch_ms"):
+        load_config(env={"RTSERVER_GPU_GIL_SWITCH_MS": ms}, flags={})
+    assert load_config(env={"RTSERVER_GPU_GIL_SWITCH_MS": "0.5"}, flags={}).gpu.gil_switch_ms == 0.5
 
 
 def test_front_end_imports_no_torch() -> None:
