@@ -5,7 +5,8 @@
 # server's wheels with its FastAPI stack) and this script; run
 #   FRONTENDS=4 LEVELS=1,64,128,256,320,384 DURATION=15 CHATTTS_EXTRA='decoder_hold_ms = 0' \
 #     bash bench/gpu/run_chattts_worker_levels.sh
-# Results land in $OUT (fe.tgz: the bench's folders and logs; worker-metrics.txt; gpu-util.txt).
+# Results land in $OUT (fe.tgz: the bench's folders and logs; worker-metrics.txt; gpu-util.txt);
+# FE: the bench's working folder (default /tmp/fe).
 # SRV: the staged folder (default .gpu/srv2); any .gpu/extra/*.whl and a libopus0 .deb beside
 # the parts are installed too (the server's FastAPI stack must be among the wheels).
 T0=$(date +%s); SRV=${SRV:-.gpu/srv2}
@@ -25,8 +26,8 @@ python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -
 sed "/^\[chattts\]/a ${CHATTTS_EXTRA:-# no extra}" bench/gpu/chattts_worker.toml > /tmp/ct.toml
 ( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $OUT/worker-metrics.txt ) & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $OUT/gpu-util.txt ) & N=$!
-CONFIG=/tmp/ct.toml VOICE=chattts:seed_1 FRONTENDS=${FRONTENDS:-4} O=/tmp/fe T_START=$T0 \
+CONFIG=/tmp/ct.toml VOICE=chattts:seed_1 FRONTENDS=${FRONTENDS:-4} O=${FE:-/tmp/fe} T_START=$T0 \
   LIMIT=${LIMIT:-585} bash bench/gpu/run_frontends.sh
 kill $S $N 2>/dev/null
-for d in /tmp/fe/f*/; do sed -n '/^| level/,/^$/p' $d/summary.md; done
+for d in ${FE:-/tmp/fe}/f*/; do sed -n '/^| level/,/^$/p' $d/summary.md; done
 echo "done $(( $(date +%s) - T0 )) s"
