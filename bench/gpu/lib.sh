@@ -12,9 +12,9 @@ wait_ready() {
   echo "$3 ready after $(( $(date +%s) - ${T0:-$(date +%s)} )) s"
 }
 # jit_restore: unpack the compile caches a run saved (carried as .gpu/jit/*.tgz) into $HOME and
-# /tmp, so vLLM's start skips FlashInfer's JIT of its top-k/top-p sampler (149 s on the H100 of
-# session 14: worker.log, 16:20:45 "Free memory on device" to 16:23:14, the sampler's warm-up) and
-# most of torch.compile. jit_save DIR: write them as DIR/jit-fi.tgz (FlashInfer) and
+# /tmp, so vLLM's start can skip FlashInfer's JIT of its top-k/top-p sampler (the likely cause of
+# 149 s of the H100 start of session 14: worker.log, 16:20:45 "Free memory on device" to 16:23:14,
+# vLLM's sampler warm-up) and most of torch.compile. jit_save DIR: write them as DIR/jit-fi.tgz (FlashInfer) and
 # DIR/jit-compile.tgz (vLLM's torch.compile cache, Inductor's, Triton's); a file over the
 # device's 16 MiB limit does not come back, the run itself is unchanged.
 jit_restore() {

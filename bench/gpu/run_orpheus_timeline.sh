@@ -38,9 +38,9 @@ export RTSERVER_ORPHEUS_STREAM_INTERVAL=${STREAM_INTERVAL:-1}
 # INPROC=1: first a tiny Orpheus on this GPU with vLLM's EngineCore in this process and SNAC's
 # calls on their own stream (one segment end to end, ~1 min); if it speaks, the run serves with
 # engine_process "inproc" and vocoder main_stream on, else as before (the log says why).
-# The preflight samples with vLLM's torch top-k/top-p: FlashInfer's would JIT-compile for
-# ~150 s first (lib.sh, jit_restore), which timed the session-14 preflight out; a hang
-# dumps every thread's stack into the log.
+# The preflight samples with vLLM's torch top-k/top-p: FlashInfer's compiles on first use,
+# likely what timed the session-14 preflight out in vLLM's profile pass (lib.sh); a stall
+# dumps every thread's stack into the log before the timeout.
 if [ "${INPROC:-0}" = 1 ]; then
   VLLM_USE_FLASHINFER_SAMPLER=0 timeout 150 python3 - > $O/logs/preflight.log 2>&1 <<'PY'
 import asyncio, faulthandler, sys, tempfile
