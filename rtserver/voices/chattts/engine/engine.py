@@ -155,6 +155,13 @@ class StepCounters:
     post_cpu_s: float = 0.0
 
 
+# The phases of StepCounters' host time (its <phase>_s and <phase>_cpu_s), as
+# /metrics describes them.
+PHASES = (("launch", "launching steps (inputs staged, graphs replayed)"),
+          ("read", "reading steps back and handing them over"),
+          ("post", "posting hand-overs to the event loop"))
+
+
 class TorchCodeEngine:
     """``TokenEngine[CodeDelta]`` over :class:`ChatLM` (see the module docstring)."""
 
@@ -487,16 +494,10 @@ class TorchCodeEngine:
             "prefill_padded_tokens": ("Prompt positions prefilled, padded to the "
                                              "graph's shape", c.prefill_padded),
             "moves": ("KV slots moved to keep the decode batch compact", c.moves),
-            "host_launch_seconds": ("Engine thread wall time launching steps (inputs "
-                                    "staged, graphs replayed), summed", c.launch_s),
-            "host_launch_cpu_seconds": ("The same, CPU time", c.launch_cpu_s),
-            "host_read_seconds": ("Engine thread wall time reading steps back and "
-                                  "handing them over, summed", c.read_s),
-            "host_read_cpu_seconds": ("The same, CPU time", c.read_cpu_s),
-            "host_post_seconds": ("Engine thread wall time posting hand-overs to the "
-                                  "event loop, summed", c.post_s),
-            "host_post_cpu_seconds": ("The same, CPU time", c.post_cpu_s),
-        }
+        } | {  # host_seconds and host_cpu_seconds by phase
+            f"host_{phase}{kind}_seconds": (f"Engine thread {clock} time {what}, summed",
+                                            getattr(c, f"{phase}{kind}_s"))
+            for phase, what in PHASES for kind, clock in (("", "wall"), ("_cpu", "CPU"))}
 
     def store_rows_kept(self) -> int:
         """Hidden-state store rows a consumer still holds (0 without a store)."""
