@@ -23,6 +23,7 @@ grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - 
 OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} PYSPY_AT=${PYSPY_AT:-512} BURST=${BURST:-64} LEVELS=${LEVELS:-64,128,256,384,512} DURATION=${DURATION:-16} \
   STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
   bash bench/gpu/run_chattts_worker_levels.sh > $OUT/run.log 2>&1
+tail -25 $OUT/run.log
 tar czf $OUT/fe.tgz -C /tmp fe; gzip -f $OUT/worker-metrics.txt $OUT/gpu-util.txt
 # then, with time left, a fresh worker with a GIL switch interval of GIL_B ms at LEVELS_B (the
 # A/B of [gpu] gil_switch_ms, the default 5 against a short one) in $OUT/gil
@@ -38,4 +39,4 @@ else
 fi
 # at most 8 files come back from a call (session 14 lost the profile and the worker metrics)
 (cd $OUT && tar czf rest.tgz --remove-files $(ls | grep -v -x -E 'ab.log|env.txt|fe.tgz|engine-(new|old).json'))
-tail -25 $OUT/run.log; echo "done ($(( $(date +%s) - T0 )) s)"
+echo "done ($(( $(date +%s) - T0 )) s)"
