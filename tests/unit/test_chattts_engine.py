@@ -323,10 +323,7 @@ async def test_one_host_sync_per_step(assets: LmAssets, monkeypatch: pytest.Monk
     async with running(engine):
         await asyncio.gather(*(collect(engine, r) for r in reqs))
         c = engine.counters_
-        for _ in range(200):  # the loop reads the last step back after the last delivery
-            if c.syncs == c.steps:
-                break
-            await asyncio.sleep(0.005)
+        await read_back(engine)
         assert c.steps > 40 and c.moves > 0 and c.prefill_batches > len(reqs)
         assert c.syncs == c.steps == engine.runner.waits
     assert seen == Counter(), seen
@@ -352,6 +349,17 @@ async def test_batched_equals_alone_through_chunks_and_moves(assets: LmAssets) -
         np.testing.assert_allclose(h1, h2, atol=1e-4, err_msg=r.request_id)
 
 
+async def read_back(engine: TorchCodeEngine) -> None:
+    """Until the loop has read every launched step back: it reads the last one
+    after the last delivery, and a turn that reads without launching counts
+    nothing more, so the step counters are still from then on."""
+    c = engine.counters_
+    for _ in range(200):
+        if c.syncs == c.steps:
+            return
+        await asyncio.sleep(0.005)
+
+
 async def test_step_counters_on_metrics(assets: LmAssets) -> None:
     """Rows, prefill positions and host time per step (and its launch, read and
     post phases) reach /metrics through the engine collector."""
@@ -362,6 +370,7 @@ async def test_step_counters_on_metrics(assets: LmAssets) -> None:
     async with running(make_engine(assets, slots=4)) as engine:
         reqs = [request(assets, rid, text, seed, 20) for rid, text, seed, _ in TEXTS[:4]]
         await asyncio.gather(*(collect(engine, r) for r in reqs))
+        await read_back(engine)  # no turn still counting while /metrics reads
         registry = CollectorRegistry()
         registry.register(EngineCollector(engine.stats, engine="chattts",
                                           extra_counters=engine.counters))

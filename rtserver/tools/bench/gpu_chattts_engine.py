@@ -48,7 +48,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
-    from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
+    from rtserver.voices.chattts.engine.engine import PHASES, TorchCodeEngine, TorchEngineConfig
     from rtserver.voices.chattts.engine.model import ChatLM
     from rtserver.voices.chattts.text import code_prompt
 
@@ -100,6 +100,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                            "start_s": round(start_s, 2), "graphs": engine.runner.graphs,
                            "levels": []}
     cuda = device.startswith("cuda")
+    phases = [ph for ph, _ in PHASES]  # launch, read, post (StepCounters)
     try:
         for n, steps in levels:
             async def one(i: int, n: int = n, steps: int = steps) -> tuple[float, float, int]:
@@ -123,8 +124,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
 
             before = {k: getattr(c, k) for k in (
                 "steps", "decode_steps", "rows", "host_s", "host_cpu_s", "gpu_s", "wait_s",
-                "prefill_tokens", "prefill_padded", "moves", "syncs", "launch_s",
-                "launch_cpu_s", "read_s", "read_cpu_s", "post_s", "post_cpu_s")}
+                "prefill_tokens", "prefill_padded", "moves", "syncs",
+                *(f"{ph}{kind}_s" for ph in phases for kind in ("", "_cpu")))}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 if cuda:
@@ -157,7 +158,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                 # where the host's time a step goes: wall / CPU ms of each phase
                 "host_ms_by_phase": {ph: [round(1000 * d[f"{ph}_s"] / st, 3),
                                           round(1000 * d[f"{ph}_cpu_s"] / st, 3)]
-                                     for ph in ("launch", "read", "post")},
+                                     for ph in phases},
                 "gpu_ms_per_step": round(1000 * d["gpu_s"] / st, 3),
                 "wait_ms_per_step": round(1000 * d["wait_s"] / st, 3),
                 "gpu_busy": round(d["gpu_s"] / wall, 3),

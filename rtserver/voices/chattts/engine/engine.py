@@ -570,11 +570,10 @@ class TorchCodeEngine:
                     if prev is not None:
                         tw, cw = time.perf_counter(), time.thread_time()
                         c.gpu_s += runner.wait(prev)
-                        waited = time.perf_counter() - tw
-                        cpu_waited = time.thread_time() - cw  # CUDA spins in the wait
+                        tr, cr = time.perf_counter(), time.thread_time()  # the read's start
+                        waited, cpu_waited = tr - tw, cr - cw  # CUDA spins in the wait
                         c.wait_s += waited
                         c.syncs += 1
-                        tr, cr = time.perf_counter(), time.thread_time()
                         self._read(prev, out)
                         ph[2] += time.perf_counter() - tr
                         ph[3] += time.thread_time() - cr
