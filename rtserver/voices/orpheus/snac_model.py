@@ -422,9 +422,20 @@ class SnacDecoder:
         lane_stream = (torch.cuda.stream(self._main.stream) if self._main.stream is not None
                        else contextlib.nullcontext())
         with torch.inference_mode(), lane_stream:
-            graph = self._graph_for(self._main, b, n_max) if self._use_graphs else None
-            if graph is not None:
-                return self._replay(self._main, graph, windows)
+            rows = self._graph_rows(n_max) if self._use_graphs else 0
+            if rows:
+                # a call too big for one graph runs as several replays, never eager
+                # (under load eager launches wait on the GIL: H100, 256 Orpheus
+                # streams, 72% of the decode thread's samples were in eager calls
+                # of 17-23 windows, bench/results/h100-2026-12-05-s15)
+                parts: list[FloatArray] = []
+                for lo in range(0, b, rows):
+                    part = windows[lo:lo + rows]
+                    graph = self._graph_for(self._main, len(part),
+                                            max(int(w.codes.shape[0]) for w in part))
+                    assert graph is not None  # rows and n_max fit one, so does part
+                    parts += self._replay(self._main, graph, part)
+                return parts
             # eager: one host-to-device copy of codes, lengths and offsets
             cells = b * n_max * FRAME_CODES
             packed = np.empty(cells + 2 * b, dtype=np.int64)
@@ -483,7 +494,8 @@ class SnacDecoder:
         bucket padding only costs. With a busy event loop holding the GIL, eager
         launches slow down and graphs also win at mid sizes (64 streams: 17% less
         decode time with graphs for every bucket). Hence batch x frames <=
-        ``graph_max_cells`` (512 with max_batch 64: 50 graphs, ~4 s to capture at start).
+        ``graph_max_cells`` (512 with max_batch 64: 50 graphs, ~4 s to capture at start);
+        a bigger call of windows a graph's frames cover replays several (``decode``).
         """
         batches = [1 << i for i in range(int(math.log2(self._graph_max_batch)) + 1)]
         return [(b, n) for b in batches for n in self._frame_buckets()
@@ -542,6 +554,15 @@ class SnacDecoder:
         bb = 1 << max(0, math.ceil(math.log2(b)))
         nb = next(f for f in self._frame_buckets() if f >= n)
         return None if bb * nb > self._graph_max_cells else (bb, nb)
+
+    def _graph_rows(self, n: int) -> int:
+        """The most windows of up to ``n`` frames one graph takes (0: none does)."""
+        if self._bucket(1, n) is None:
+            return 0
+        rows = 1
+        while rows * 2 <= self._graph_max_batch and self._bucket(rows * 2, n) is not None:
+            rows *= 2
+        return rows
 
     def _lookup(self, lane: _Lane, b: int, n: int) -> _Graph | None:
         key = self._bucket(b, n)
