@@ -135,3 +135,32 @@ async def test_two_segments_at_once(voice: OrpheusVoice) -> None:
     assert na > 0 and nb > 0 and na % 2048 == 0 and nb % 2048 == 0
     assert a0 < b1 and b0 < a1  # generated together, not one after the other
     assert _engine(voice).stats().in_flight == 0
+
+
+async def test_warm_up_runs_a_batch_of_requests_at_once(
+        voice: OrpheusVoice, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One request, then ``warm_up_batches`` (8, 16) capped at max_num_seqs (8 here)
+    at once: vLLM's sampler kernels for 8+ rows compile before /ready."""
+    real_stream = voice.stream
+    open_now = 0
+    peak = 0
+
+    async def counted(req: SynthesisRequest, *, max_tokens: int | None = None
+                      ) -> AsyncIterator[object]:
+        nonlocal open_now, peak
+        open_now += 1
+        peak = max(peak, open_now)
+        try:
+            async for chunk in real_stream(req, max_tokens=max_tokens):
+                yield chunk
+        finally:
+            open_now -= 1
+
+    monkeypatch.setattr(voice, "stream", counted)
+    engine = _engine(voice)
+    before = engine.stats().requests_total
+    await voice.warm_up()
+    assert voice.runtime.config.max_num_seqs == 8
+    assert peak == 8
+    assert engine.stats().requests_total - before == 1 + 8
+    assert engine.stats().in_flight == 0

@@ -132,6 +132,14 @@ class OrpheusConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     warm_up_frames: int = 4
+    # After one request, a batch of this many at once, each (capped at
+    # max_num_seqs): vLLM 0.26 samples top-k/top-p of 8+ rows with a Triton kernel
+    # (torch's sort below 8, `apply_top_k_top_p`) and Triton compiles a kernel per
+    # integer specialisation (a row count of 1, a multiple of 16, any other), so
+    # 8 and 16 compile every sampler kernel before /ready. Without them the first
+    # busy second compiled `_topk_topp_kernel` under traffic: TTFA p99 ~4 s at
+    # the first 128 streams (H100, bench/results/h100-2026-12-05-s15).
+    warm_up_batches: tuple[int, ...] = (8, 16)
     # LoRA voices: "<name>=<adapter folder>" (PEFT layout) is the voice
     # orpheus:<name>, prompted as the speaker <name>; "<name>@<speaker>=<folder>"
     # prompts as <speaker> (an adapter trained on a stock speaker's name).
@@ -184,6 +192,8 @@ class OrpheusConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        if any(n < 1 for n in self.warm_up_batches):
+            raise ValueError(f"warm_up_batches {list(self.warm_up_batches)}: each at least 1")
         check_setting(self.quantization)
         if not self.model_dir:  # the dummy layout written at load declares none
             resolve_quantization(self.quantization, None)
@@ -407,12 +417,25 @@ class OrpheusVoice:
         return self._rt
 
     async def warm_up(self) -> None:
-        """A few frames through engine and vocoder (first-call costs paid here)."""
-        frames = self._rt.config.warm_up_frames
-        req = SynthesisRequest(text="Warming up.", request_id=f"warmup-{self.speaker}",
-                               first=True)
-        async for _ in self.stream(req, max_tokens=frames * ot.FRAME_TOKENS):
-            pass
+        """A few frames through engine and vocoder, for one request and then for
+        each of ``warm_up_batches`` at once (first-call costs paid here)."""
+        cfg = self._rt.config
+        await self._warm(1, "")
+        for n in dict.fromkeys(min(b, cfg.max_num_seqs) for b in cfg.warm_up_batches):
+            if n > 1:
+                await self._warm(n, f"-{n}")
+
+    async def _warm(self, n: int, tag: str) -> None:
+        """``n`` warm-up requests at once, each ``warm_up_frames`` frames."""
+        tokens = self._rt.config.warm_up_frames * ot.FRAME_TOKENS
+
+        async def one(i: int) -> None:
+            req = SynthesisRequest(text="Warming up.", first=True,
+                                   request_id=f"warmup-{self.speaker}{tag}-{i}")
+            async for _ in self.stream(req, max_tokens=tokens):
+                pass
+
+        await asyncio.gather(*(one(i) for i in range(n)))
 
     def token_request(self, request: SynthesisRequest, *, max_tokens: int | None = None
                       ) -> TokenRequest:
