@@ -7,6 +7,7 @@
 #   FRONTENDS (default "1 2 4 8"), LEVELS (default 64,128,192,256), DURATION (default 15)
 #   STAGGER  seconds over which a level's users join (steady traffic; default 0: all at once)
 #   BURST    levels run again after the sweep with every user at once (e.g. 64), in $O/fF-burst
+#            (unset or 0: none)
 #   SINGLE_S before the sweep, one user back to back for this many seconds, in $O/fF-single
 #   PYSPY_AT a level of the sweep: py-spy samples the worker and front end 0 in it (needs
 #            /tmp/site/bin/py-spy, staged with bench/gpu/server-wheels.txt)
@@ -64,7 +65,7 @@ for F in ${FRONTENDS:-1 2 4 8}; do
     --note "$F front-end process(es), one GPU worker" --out "$O/f$F" 2>&1 \
     | tee "$O/logs/bench-$F.log" | tail -8
   [ -n "$SPY" ] && kill $SPY 2>/dev/null
-  if [ -n "${BURST:-}" ] && [ "$(left)" -gt 60 ]; then
+  if [ "${BURST:-0}" != 0 ] && [ "$(left)" -gt 60 ]; then
     timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
       --load stream --fragment token --tokens-per-s 40 --concurrency $BURST \
       --duration ${DURATION:-15} --warmup 1 --no-plots \
