@@ -9,6 +9,7 @@
 #   BURST    levels run again after the sweep with every user at once (e.g. 64), in $O/fF-burst
 #            (unset or 0: none)
 #   SINGLE_S before the sweep, one user back to back for this many seconds, in $O/fF-single
+#            (unset or 0: none)
 #   PYSPY_AT a level of the sweep: py-spy samples the worker and front end 0 in it (needs
 #            /tmp/site/bin/py-spy, staged with bench/gpu/server-wheels.txt)
 # The front ends are this script's own processes (no supervisor), so the bench runs with
@@ -42,7 +43,7 @@ for F in ${FRONTENDS:-1 2 4 8}; do
     done
     [ "$(left)" -lt 40 ] && { echo "front ends not ready in time"; tail -5 "$O"/logs/front-$F-*.log; break 2; }
   done
-  if [ -n "${SINGLE_S:-}" ]; then  # one user, turn after turn: TTFA at one stream from 20+ contexts
+  if [ "${SINGLE_S:-0}" != 0 ]; then  # one user, turn after turn: TTFA at one stream from 20+ contexts
     timeout $(( $(left) - 20 )) python3 -m rtserver.tools.bench --url $URL --voice ${VOICE:-orpheus:tara} \
       --load stream --fragment token --tokens-per-s 40 --concurrency 1 --back-to-back \
       --duration $SINGLE_S --warmup 1 --no-plots \
