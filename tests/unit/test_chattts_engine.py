@@ -350,14 +350,9 @@ async def test_batched_equals_alone_through_chunks_and_moves(assets: LmAssets) -
 
 
 async def read_back(engine: TorchCodeEngine) -> None:
-    """Until the loop has read every launched step back: it reads the last one
-    after the last delivery, and a turn that reads without launching counts
-    nothing more, so the step counters are still from then on."""
-    c = engine.counters_
-    for _ in range(200):
-        if c.syncs == c.steps:
-            return
-        await asyncio.sleep(0.005)
+    """Until the loop has read every launched step back (it reads the last one
+    after the last delivery) and parked: its counters are still from then on."""
+    assert await asyncio.to_thread(engine.wait_drained, 10), "the step loop never drained"
 
 
 async def test_step_counters_on_metrics(assets: LmAssets) -> None:

@@ -66,7 +66,7 @@ class Interval:
     decoder_s_per_s: float
     running: float
     # of host_cpu_ms: launch, read-back and hand-over, post (0 from workers before them)
-    phase_cpu_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    phase_cpu_ms: tuple[float, ...] = (0.0, 0.0, 0.0)
     tokens_per_s: float = 0.0  # vLLM's generated tokens (its workers count no steps)
     first_lane_calls_per_s: float = 0.0  # the vocoder's (vLLM's workers)
 
@@ -110,8 +110,7 @@ def intervals(scrapes: Sequence[Scrape], every: int = 1) -> list[Interval]:
             decoder_s_per_s=(d[DEC_SECONDS] + d[VOC_SECONDS]) / dt,
             running=b.values.get(RUNNING, 0.0), tokens_per_s=d[TOKENS] / dt,
             first_lane_calls_per_s=d[VOC_FIRST] / dt,
-            phase_cpu_ms=(1000 * d[PHASES[0]] / steps, 1000 * d[PHASES[1]] / steps,
-                          1000 * d[PHASES[2]] / steps)))
+            phase_cpu_ms=tuple(1000 * d[p] / steps for p in PHASES)))
     return out
 
 

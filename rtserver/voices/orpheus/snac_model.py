@@ -426,13 +426,12 @@ class SnacDecoder:
             if rows:
                 # a call too big for one graph runs as several replays, never eager
                 # (under load eager launches wait on the GIL: H100, 256 Orpheus
-                # streams, 72% of the decode thread's samples were in eager calls
+                # streams, 73% of the decode thread's samples were in eager calls
                 # of 17-23 windows, bench/results/h100-2026-12-05-s15)
                 parts: list[FloatArray] = []
                 for lo in range(0, b, rows):
                     part = windows[lo:lo + rows]
-                    graph = self._graph_for(self._main, len(part),
-                                            max(int(w.codes.shape[0]) for w in part))
+                    graph = self._graph_for(self._main, len(part), max(sizes[lo:lo + rows]))
                     assert graph is not None  # rows and n_max fit one, so does part
                     parts += self._replay(self._main, graph, part)
                 return parts

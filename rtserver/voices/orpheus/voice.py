@@ -420,18 +420,16 @@ class OrpheusVoice:
         """A few frames through engine and vocoder, for one request and then for
         each of ``warm_up_batches`` at once (first-call costs paid here)."""
         cfg = self._rt.config
-        await self._warm(1, "")
-        for n in dict.fromkeys(min(b, cfg.max_num_seqs) for b in cfg.warm_up_batches):
-            if n > 1:
-                await self._warm(n, f"-{n}")
+        for n in dict.fromkeys((1, *(min(b, cfg.max_num_seqs) for b in cfg.warm_up_batches))):
+            await self._warm(n)
 
-    async def _warm(self, n: int, tag: str) -> None:
+    async def _warm(self, n: int) -> None:
         """``n`` warm-up requests at once, each ``warm_up_frames`` frames."""
         tokens = self._rt.config.warm_up_frames * ot.FRAME_TOKENS
 
         async def one(i: int) -> None:
             req = SynthesisRequest(text="Warming up.", first=True,
-                                   request_id=f"warmup-{self.speaker}{tag}-{i}")
+                                   request_id=f"warmup-{self.speaker}-{n}-{i}")
             async for _ in self.stream(req, max_tokens=tokens):
                 pass
 

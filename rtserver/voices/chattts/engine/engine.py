@@ -178,6 +178,8 @@ class TorchCodeEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
+        # set while the loop parks with every launched step read back (wait_drained)
+        self._drained = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
         self._streams: dict[str, asyncio.Queue[_Event]] = {}
@@ -271,6 +273,13 @@ class TorchCodeEngine:
         for q in self._streams.values():
             q.put_nowait(("", None, None, True, EngineFailed("the engine closed")))
         self._streams.clear()
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Block until the step loop has read back every step it launched and
+        has nothing to run, or ``timeout`` s pass (False). From then until new
+        work arrives its counters stay still (for tests and benchmarks that
+        read them)."""
+        return self._drained.wait(timeout)
 
     @property
     def healthy(self) -> bool:
@@ -555,6 +564,7 @@ class TorchCodeEngine:
                         if store and self._n_hidden > 0:
                             self._stage_store(plan)
                         if not plan.empty:
+                            self._drained.clear()
                             ta, ca = time.perf_counter(), time.thread_time()
                             try:
                                 rec = runner.launch(plan, self._inputs, self._n_hidden > 0)
@@ -590,6 +600,7 @@ class TorchCodeEngine:
                         self._count(rec, time.perf_counter() - t0 - waited,
                                     time.thread_time() - cpu0 - cpu_waited, ph)
                     elif not text:
+                        self._drained.set()
                         self._wake.wait(0.05)
                         self._wake.clear()
         except BaseException as exc:  # a bug in the loop itself: fail everything
