@@ -5,7 +5,7 @@ for a new context's predicted first heard audio (admission)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -26,6 +26,11 @@ from rtserver.protocol.messages import AUDIO_FORMATS, FRAME_MS, SAMPLE_RATES, St
 from rtserver.text.lexicon import Entry, Lexicon
 from rtserver.text.segmenter import SegmenterConfig
 from rtserver.voices.base import Voice
+
+
+def _no_rate_of(voice: str) -> float | None:
+    return None
+
 
 # A voice's output as heard in one format: (voice, format, rate, frame ms)
 _HeardKey = tuple[str, str, int, int]
@@ -49,6 +54,9 @@ class SpeechCore:
     # each voice's own lexicon ([voice] lexicons), by voice name; a context's
     # ``start.lexicon`` comes before it
     lexicons: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    # a voice's r as another process measured its engine (a GPU worker's
+    # ``Load.rtf``), or None; the server sets it (``VoiceStats.rtf_elsewhere``)
+    rtf_elsewhere: Callable[[str], float | None] = _no_rate_of
     # bounded: voices x formats x rates x frame sizes, all finite sets
     _heard: dict[_HeardKey, HeardFormat] = field(default_factory=dict, init=False,
                                                  repr=False)
@@ -75,7 +83,8 @@ class SpeechCore:
             hints = self.hint_config
             stats = self.voice_stats[voice] = VoiceStats(
                 rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load,
-                parallel=self.voices[voice].info.parallel_segments)
+                parallel=self.voices[voice].info.parallel_segments,
+                rtf_elsewhere=lambda: self.rtf_elsewhere(voice))
         return stats
 
     def open(self, start: Start, sink: Sink, *, stream: int = 0,

@@ -25,6 +25,10 @@ def _none_elsewhere(voice: str) -> int:
     return 0
 
 
+def _no_rate() -> float | None:
+    return None
+
+
 @dataclass(slots=True)
 class ServerLoad:
     """Contexts open in the server now (started, not yet done, cancelled or
@@ -65,18 +69,33 @@ class VoiceStats:
     parallel: int = 0  # VoiceInfo.parallel_segments
     # listeners' first heard audio against the predictions (``played``)
     heard: ListenerCorrection = field(default_factory=ListenerCorrection)
+    # r of this voice's engine as another process measured it (a GPU worker,
+    # over every front end's requests: ``Load.rtf``), or None
+    rtf_elsewhere: Callable[[], float | None] = _no_rate
 
     @property
     def measured(self) -> bool:
         """A segment of this voice completed, or one in flight made enough
-        audio to have a rate (before: ``rtf_estimate`` is ``default_rtf``)."""
+        audio to have a rate, or another process measured its engine (before:
+        ``rtf_estimate`` is ``default_rtf``)."""
+        return self._measured_here() or self.rtf_elsewhere() is not None
+
+    def _measured_here(self) -> bool:
         return self.rtf.count > 0 or self.live.percentile(0.5) is not None
 
     def rtf_estimate(self, q: float, now: float, *, extra_load: int = 0) -> float:
         """The r to plan with: the ``q``-quantile of recent completed segments
         made at the present load (extrapolated above it), or of the segments
         in flight when those are slower (load rising). ``extra_load``:
-        contexts about to start, counted in the load (admission asks with 1)."""
+        contexts about to start, counted in the load (admission asks with 1).
+        Before this process measured any: ``rtf_elsewhere``, else ``default_rtf``
+        (a front end's first contexts on a GPU worker that others have fed
+        planned with r 0.5 while it ran at 0.32, and heard their first audio
+        after 250 ms instead of ~70: bench/results/h100-2026-12-05-s15)."""
+        if not self._measured_here():
+            shared = self.rtf_elsewhere()
+            if shared is not None:
+                return shared
         done = self.rtf.percentile(q, now, load=self.load.active + extra_load,
                                    parallel=self.parallel)
         live = self.live.percentile(q)

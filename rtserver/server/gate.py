@@ -101,6 +101,16 @@ class SharedStarts(Protocol):
         ...
 
 
+@runtime_checkable
+class SharedRate(Protocol):
+    """A voice whose engine serves other front ends too (a GPU worker's
+    voice): its r as measured over all of their requests."""
+
+    def rtf_elsewhere(self) -> float | None:
+        """The engine's recent r at its present load; None before any request completed."""
+        ...
+
+
 class Gate:
     def __init__(self, config: AdmissionConfig, voices: Iterable[str]) -> None:
         self.config = config

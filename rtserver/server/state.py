@@ -17,7 +17,7 @@ from rtserver.core import ServerLoad, SpeechCore, VoiceStats, voice_lexicons
 from rtserver.metrics import Metrics
 from rtserver.protocol.messages import Limits, Ready
 from rtserver.server.breaker import BreakerState
-from rtserver.server.gate import Gate, SharedStarts, VoiceHealth
+from rtserver.server.gate import Gate, SharedRate, SharedStarts, VoiceHealth
 from rtserver.server.guarded import GuardedVoice
 from rtserver.server.workers import current as current_worker
 from rtserver.voices.base import Voice, VoiceMaker
@@ -70,6 +70,8 @@ class AppState:
         self.gate.starting = self.core.load.starting_now  # a burst's starts, for admission
         # a GPU worker's voice: other front ends' starts there count in first hints
         self.core.load.starting_elsewhere = self._starting_elsewhere
+        # ... and the r every front end's requests ran at there, until ours have
+        self.core.rtf_elsewhere = self._rtf_elsewhere
         served = self.voices
         self.gate.start_limited = lambda name: (
             name in served and served[name].info.parallel_segments > 0)
@@ -85,6 +87,10 @@ class AppState:
     def _starting_elsewhere(self, name: str) -> int:
         voice = self.gate.health.get(name)  # the voices behind a GPU worker, unwrapped
         return voice.starting_elsewhere() if isinstance(voice, SharedStarts) else 0
+
+    def _rtf_elsewhere(self, name: str) -> float | None:
+        voice = self.gate.health.get(name)
+        return voice.rtf_elsewhere() if isinstance(voice, SharedRate) else None
 
     def add_voice(self, voice: Voice) -> str:
         """Serve a voice made at run time (a LoRA voice); returns its name."""

@@ -125,13 +125,19 @@ class Load(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
     front end adds the others' part to its first ``buffer`` hints and its
     predicted first heard audio. Sent to every ``Ping``, and to every front
     end within ``proc.LOAD_PUSH_S`` of a change of ``starting``. A worker
-    that does not send the two (an older one) counts as none starting."""
+    that does not send the two (an older one) counts as none starting.
+
+    ``rtf``: per family, the r (generation time / audio time) of the requests
+    completed here lately, every front end's, at the present load
+    (``WorkerServer.rtf``). A front end that has measured none of a voice's
+    segments yet plans its hints with it rather than ``[hints] default_rtf``."""
 
     epoch: str
     active: dict[str, int]
     capacity: dict[str, int]
     starting: dict[str, int] = msgspec.field(default_factory=dict)
     starting_yours: dict[str, int] = msgspec.field(default_factory=dict)
+    rtf: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Chunk(msgspec.Struct, frozen=True, kw_only=True, tag="chunk"):

@@ -58,6 +58,8 @@ from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError, UnknownVoice
 from rtserver.logs import request_scope
+from rtserver.pacing.hints import HintConfig
+from rtserver.pacing.rates import RtfTracker
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice, VoiceMaker
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
@@ -103,7 +105,8 @@ class WorkerServer:
                  capacity: Mapping[str, int], config: GpuConfig,
                  send_hwm: int = SEND_HWM,
                  dead: Callable[[], Mapping[str, str]] = dict,
-                 makers: Mapping[str, VoiceMaker] | None = None) -> None:
+                 makers: Mapping[str, VoiceMaker] | None = None,
+                 hints: HintConfig | None = None) -> None:
         self.voices = dict(voices)
         self._dead = dead  # voice -> why its engine is gone for good (VoiceSet.dead)
         self.makers = dict(makers or {})  # family -> its maker of voices at run time
@@ -119,6 +122,10 @@ class WorkerServer:
         # first segments without output yet, per family, and per front end
         self.starting = {fam: 0 for fam in capacity}
         self._starting_of: dict[bytes, dict[str, int]] = {}
+        # r of the requests completed here, per family: every front end's, so
+        # a front end that has measured none yet plans with it (Load.rtf)
+        self._hints = hints or HintConfig()
+        self.rates = {fam: RtfTracker(self._hints) for fam in capacity}
         self._push: asyncio.TimerHandle | None = None  # the pending Load to every front end
         self.ready = m.Ready(
             epoch=self.epoch, pid=os.getpid(),
@@ -237,6 +244,7 @@ class WorkerServer:
                                    speed=msg.speed)
         mark_sent = marks is None
         first_out = msg.first
+        began, audio_s = time.monotonic(), 0.0
         try:
             async with contextlib.aclosing(voice.synthesize(request)) as chunks:
                 async for chunk in chunks:
@@ -246,10 +254,12 @@ class WorkerServer:
                     self._send(peer, m.Chunk(request_id=rid, sample_rate=chunk.sample_rate,
                                              sent_at=time.monotonic(), model_output_at=at),
                                chunk.samples)
+                    audio_s += len(chunk.samples) / chunk.sample_rate
                     if first_out:
                         first_out = False
                         self._output_began(peer, rid)
             self._send(peer, m.End(request_id=rid))
+            self._observe(voice.info.family, time.monotonic() - began, audio_s)
         except zmq.Again:
             log.warning("front end %s does not keep up: request %s fails", peer.hex(), rid)
             self._send_failed(peer, m.Failed(
@@ -296,10 +306,28 @@ class WorkerServer:
         if self._push is None:  # one timer for every change within LOAD_PUSH_S
             self._push = asyncio.get_running_loop().call_later(LOAD_PUSH_S, self._push_load)
 
+    # -- rates: what every front end's requests measured -----------------------
+    def _observe(self, family: str, gen_s: float, audio_s: float) -> None:
+        """A request of ``family`` made ``audio_s`` of audio in ``gen_s`` (the
+        worker never waits for a front end, so all of it is the GPU's), while
+        it and the others held here ran."""
+        tracker = self.rates.get(family)
+        if tracker is None:
+            tracker = self.rates[family] = RtfTracker(self._hints)
+        if audio_s > 0:
+            tracker.observe(gen_s, audio_s, time.monotonic(), load=self.active.get(family, 0))
+
+    def rtf(self) -> dict[str, float]:
+        """Per family with a request completed: the ``[hints] percentile`` of
+        its recent requests' r at the load held now (``RtfTracker.percentile``)."""
+        now = time.monotonic()
+        return {fam: t.percentile(now=now, load=self.active.get(fam, 0))
+                for fam, t in self.rates.items() if t.count}
+
     def _load_for(self, peer: bytes) -> m.Load:
         return m.Load(epoch=self.epoch, active=dict(self.active), capacity=self.capacity,
                       starting=dict(self.starting),
-                      starting_yours=dict(self._starting_of.get(peer, {})))
+                      starting_yours=dict(self._starting_of.get(peer, {})), rtf=self.rtf())
 
     def _push_load(self) -> None:
         """Every front end heard from gets the load now (the starts changed)."""
@@ -494,7 +522,7 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
                               default=voice_set.default,
                               capacity={f: capacity_of(config, f) for f in families},
                               config=config.gpu, dead=voice_set.dead,
-                              makers=voice_set.makers)
+                              makers=voice_set.makers, hints=config.hints)
 
         metrics = serve_metrics(config, voice_set, server)
         if config.gpu.profile_dir:

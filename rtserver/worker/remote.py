@@ -265,6 +265,11 @@ class WorkerLink:
             return 0
         return max(0, load.starting.get(family, 0) - load.starting_yours.get(family, 0))
 
+    def rtf(self, family: str) -> float | None:
+        """The r of ``family``'s requests completed in the worker lately, every
+        front end's (last ``Load``); None before any."""
+        return self.load.rtf.get(family) if self.load is not None else None
+
     # -- the worker's side -----------------------------------------------------------
     def _lost(self, why: str) -> None:
         """Fail every open request; the voices are down until a new ``Ready``."""
@@ -460,6 +465,10 @@ class RemoteVoice:
         """Contexts of this voice's family that other front ends are starting
         in the worker now (first segments without output yet)."""
         return self.link.starting_elsewhere(self._info.family)
+
+    def rtf_elsewhere(self) -> float | None:
+        """This voice's family's r in the worker (``WorkerLink.rtf``)."""
+        return self.link.rtf(self._info.family)
 
     def admit(self, context: str) -> None:
         """Refuse a new context while the worker is away (``engine_failed``)

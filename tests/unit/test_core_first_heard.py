@@ -238,3 +238,39 @@ async def test_a_batching_engine_s_starts_share_its_rows() -> None:
     for ctx in ahead:
         ctx.release()
     assert await first_hint("d") == pytest.approx(alone[0])
+
+
+async def test_a_fresh_front_end_plans_with_the_worker_s_r_until_it_measures_its_own() -> None:
+    """A voice this process has not measured yet, whose engine another
+    process measured (a GPU worker, over the other front ends' requests:
+    ``SpeechCore.rtf_elsewhere``), gets the first hint and the predicted
+    first heard audio of a process that measured that r itself, not
+    ``default_rtf``'s; once it has measured its own, that r plans."""
+    clock, voice, warm, start = await warm_core()
+    hints = warm.hint_config
+    shared = warm.stats_for(voice.info.name).rtf_estimate(hints.percentile, clock.now())
+    # a default far off what the voice runs at (Orpheus on an H100: 0.5 against 0.32)
+    far_off = dataclasses.replace(hints, default_rtf=1.0)
+    assert shared < far_off.default_rtf / 4
+
+    async def first_hint(core: SpeechCore, name: str) -> float:
+        sink = await _speak(core, clock, name)
+        return next(e for e in sink.events if isinstance(e, BufferHint)).prebuffer_ms
+
+    def fresh(elsewhere: float | None) -> SpeechCore:
+        core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
+                          segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock,
+                          hint_config=far_off)
+        core.rtf_elsewhere = lambda name: elsewhere if name == voice.info.name else None
+        return core
+
+    measured = (warm.predicted_first_heard_ms(start), await first_hint(warm, "a"))
+    told = fresh(shared)
+    assert (told.predicted_first_heard_ms(start), await first_hint(told, "b")) == \
+        pytest.approx(measured)
+    blind = fresh(None)
+    assert blind.predicted_first_heard_ms(start) == 0.0  # nothing to refuse on
+    assert await first_hint(blind, "c") > measured[1] + 20.0  # default_rtf's hint
+    # told's own segment is measured now: a worker's r far off no longer plans
+    told.rtf_elsewhere = lambda name: 5.0
+    assert await first_hint(told, "d") == pytest.approx(measured[1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from rtserver.errors import (
     UnknownVoice,
 )
 from rtserver.logs import current_request_id, request_scope
+from rtserver.server.state import AppState
 from rtserver.voices import registry
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, register_family
@@ -347,7 +349,7 @@ async def test_worker_lost_fails_requests_then_comes_back(tmp_path: Path) -> Non
 
 def test_load_tells_the_starts_and_an_older_workers_load_still_reads() -> None:
     load = m.Load(epoch="e", active={"fake": 3}, capacity={"fake": 8},
-                  starting={"fake": 2}, starting_yours={"fake": 1})
+                  starting={"fake": 2}, starting_yours={"fake": 1}, rtf={"fake": 0.3})
     assert m.decode_up(m.encode(load)) == load
 
     class OlderLoad(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
@@ -357,6 +359,7 @@ def test_load_tells_the_starts_and_an_older_workers_load_still_reads() -> None:
 
     old = m.decode_up(m.encode(OlderLoad(epoch="e", active={"fake": 3}, capacity={"fake": 8})))
     assert isinstance(old, m.Load) and old.starting == {} and old.starting_yours == {}
+    assert old.rtf == {}  # an older worker's: no r, the front end plans with its own
     # and an older front end reads a newer worker's Load (unknown fields ignored)
     assert msgspec.msgpack.decode(m.encode(load), type=OlderLoad).active == {"fake": 3}
 
@@ -396,6 +399,39 @@ async def test_every_front_end_hears_of_the_starts_queued_in_the_worker(tmp_path
         assert r.server is not None and r.server.starting == {"fake": 0}
         for gen in gens:
             await gen.aclose()
+        await b.close()
+
+
+async def test_every_front_end_hears_the_r_of_the_requests_completed_in_the_worker(
+        tmp_path: Path) -> None:
+    """The worker measures each completed request's r (generation time /
+    audio time) and every front end hears it with the next ``Load``: one that
+    sent nothing yet can plan with it. A cancelled request is not a
+    measurement."""
+    hang = FakeVoice("fake:hang", hang=True)
+    slow = FakeVoice("fake:slow", chunks=5, pause_s=0.04)  # 0.5 s of audio in >= 0.2 s
+    async with rig(tmp_path, [slow, hang]) as (r, a, remote):
+        b = WorkerLink(r.endpoint, CONFIG)
+        ready = await asyncio.wait_for(b.start(), 10)
+        on_b = RemoteVoice(b, VoiceInfo(**msgspec.structs.asdict(ready.voices[0])))
+        async with contextlib.aclosing(remote["fake:hang"].synthesize(request("h"))) as gen:
+            await gen.__anext__()
+        await until(lambda: r.server is not None and r.server.active["fake"] == 0)
+        seen = a.load
+        await until(lambda: a.load is not seen)  # a Load sent after the cancel
+        assert on_b.rtf_elsewhere() is None and a.rtf("fake") is None
+        got = [c async for c in remote["fake:slow"].synthesize(request("s"))]
+        assert len(got) == 5
+        await until(lambda: on_b.rtf_elsewhere() is not None)
+        rtf = on_b.rtf_elsewhere()
+        assert rtf is not None and 0.4 <= rtf < 5.0  # five 40 ms pauses for 0.5 s
+        assert a.rtf("fake") == rtf
+        # b's server plans its hints with it (it has measured nothing itself)
+        state = AppState(config=load_config(env={}, flags={}), voices={"fake:slow": on_b},
+                         default_voice="fake:slow")
+        stats = state.core.stats_for("fake:slow")
+        assert stats.measured and stats.rtf.count == 0
+        assert stats.rtf_estimate(0.9, time.monotonic()) == rtf
         await b.close()
 
 
