@@ -91,6 +91,13 @@ class ChunkConfig:
     # buffer (vs 1.75 frames for -45 dB at 3584).
     lookahead_samples: int = SNAC24_EXACT_SUPPORT
     crossfade_samples: int = 256  # 10.7 ms raised-cosine
+    # Deep chunks (0: none): a later decode of this many frames instead, when
+    # its stream's listener holds at least that much audio (``push(deep=True)``).
+    # Its window has the same context and lookahead, so the same seams, and
+    # costs less compute per sample emitted; the wait for its extra frames is
+    # covered by what the listener holds while the stream keeps real time.
+    # The hints plan without them (``stream_plan``): a listener never needs more.
+    deep_chunk_frames: int = 0
 
     def __post_init__(self) -> None:
         if self.samples_per_frame < 1:
@@ -107,6 +114,8 @@ class ChunkConfig:
                      "crossfade_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.deep_chunk_frames and self.deep_chunk_frames <= self.max_chunk_frames:
+            raise ValueError("deep_chunk_frames must be 0 or > max_chunk_frames")
         if self.crossfade_samples > self.samples_per_frame:
             raise ValueError("crossfade_samples must be <= samples_per_frame")
         if self.first_frames * self.samples_per_frame <= (self.first_lookahead_samples
@@ -183,8 +192,15 @@ class ChunkPlanner:
         """The earliest frame any future window can start at (older ones can go)."""
         return self._window_start(self._emitted)
 
-    def push(self, n_frames: int) -> list[DecodeJob]:
-        """``n_frames`` more frames arrived; return the decodes now due."""
+    @property
+    def deep_buffer_samples(self) -> int:
+        """Audio a listener must hold for ``push(deep=True)`` (0: no deep chunks)."""
+        return self._cfg.deep_chunk_frames * self._cfg.samples_per_frame
+
+    def push(self, n_frames: int, *, deep: bool = False) -> list[DecodeJob]:
+        """``n_frames`` more frames arrived; return the decodes now due.
+        ``deep``: the stream's listener holds ``deep_buffer_samples`` of audio,
+        so later decodes wait for ``deep_chunk_frames`` frames (when set)."""
         if self.finished:
             raise RuntimeError("push after finish")
         if n_frames < 0:
@@ -207,9 +223,11 @@ class ChunkPlanner:
         # Later decodes: the smallest b that emits the target, or more frames up
         # to the per-decode cap when a burst is already there.
         margin = cfg.lookahead_samples + cfg.crossfade_samples
+        deep = deep and cfg.deep_chunk_frames > 0
+        most = cfg.deep_chunk_frames if deep else cfg.max_chunk_frames
         while True:
-            target = cfg.chunk_frames(self._jobs) * f
-            cap = self._emitted + cfg.max_chunk_frames * f
+            target = max(cfg.chunk_frames(self._jobs), most if deep else 0) * f
+            cap = self._emitted + most * f
             b_need = math.ceil((self._emitted + target + margin) / f)
             if b_need > self._frames:
                 return jobs

@@ -94,6 +94,11 @@ class PlannedStream(ABC, Generic[W]):
         return self._planner.frames
 
     @property
+    def emitted_samples(self) -> int:
+        """Samples of audio this stream has emitted (or is decoding now)."""
+        return self._planner.emitted_samples
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -114,7 +119,7 @@ class PlannedStream(ABC, Generic[W]):
         self._enter()
         try:
             self._history.append(arr)
-            return await self._run(self._planner.push(len(arr)))
+            return await self._run(self._planner.push(len(arr), deep=self._deep()))
         finally:
             self._busy = False
 
@@ -133,6 +138,17 @@ class PlannedStream(ABC, Generic[W]):
         self._closed = True
         self._history = FrameHistory(self._history.data.shape[1],
                                      self._history.data.dtype.type)
+
+    def _deep(self) -> bool:
+        """The listener holds a deep chunk's worth of audio (``ChunkConfig.
+        deep_chunk_frames``): counted, as the batcher's hold is, for a listener
+        who started playing at this stream's first audio."""
+        need = self._planner.deep_buffer_samples
+        if not need or self._first_at is None:
+            return False
+        queued_s = (self._first_at + self.emitted_samples / self._sample_rate
+                    - self._batcher.clock())
+        return queued_s * self._sample_rate >= need
 
     def _enter(self) -> None:
         if self._closed:

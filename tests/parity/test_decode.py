@@ -89,14 +89,21 @@ def test_full_decode_mel_and_waveform_equal(routed: dict[str, object]) -> None:
     assert wav_db <= WAVE_DB
 
 
-@pytest.mark.parametrize("pushes", [(1,), (5, 1, 17)])
+@pytest.mark.parametrize(("pushes", "deep_from"), [((1,), None), ((5, 1, 17), None),
+                                                   ((1,), 40)])
 def test_streaming_decode_within_the_seam_limits(routed: dict[str, object],
-                                                 pushes: tuple[int, ...]) -> None:
+                                                 pushes: tuple[int, ...],
+                                                 deep_from: int | None) -> None:
+    """``deep_from``: the listener holds a deep chunk from that step on (63-step
+    windows with the same context and lookahead)."""
     dec, x, up_wav = routed["dec"], routed["x"], routed["up_wav"]
     assert isinstance(dec, ChatTTSWindowDecoder) and isinstance(x, np.ndarray)
     assert isinstance(up_wav, np.ndarray)
     cfg = ChatTTSDecodeConfig().chunk_config()
-    chunks, jobs = decode_chunked(dec, x, cfg, pushes, window=StepWindow)
+    chunks, jobs = decode_chunked(dec, x, cfg, pushes, window=StepWindow, deep_from=deep_from)
+    if deep_from is not None:
+        assert any(j.emit_end - j.emit_start == cfg.deep_chunk_frames * cfg.samples_per_frame
+                   for j in jobs)
     out = np.concatenate(chunks).astype(np.float64)
     assert len(out) == T * 2 * HOP
     ref = up_wav.astype(np.float64)
@@ -105,7 +112,8 @@ def test_streaming_decode_within_the_seam_limits(routed: dict[str, object],
     f = cfg.samples_per_frame
     seams = [db(float(err[max(0, j.emit_start - f):min(len(ref), j.emit_start + j.fade + f)]
                       .max()), rms) for j in jobs[1:] if j.emit_start < len(ref)]
-    print(f"\n{dec.route} pushes {pushes}: worst {db(float(err.max()), rms):.1f} dB, seams "
+    print(f"\n{dec.route} pushes {pushes} deep from {deep_from}: "
+          f"worst {db(float(err.max()), rms):.1f} dB, seams "
           f"{', '.join(f'{s:.1f}' for s in seams)} dB re upstream's full decode")
     assert len(seams) >= 3
     assert seams[0] <= FIRST_SEAM_DB

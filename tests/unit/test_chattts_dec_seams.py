@@ -110,3 +110,23 @@ def test_first_chunk_plan() -> None:
     for k in range(1, len(at)):
         assert at[k] * F >= emitted[k] + 8192 - 256
     assert sizes[-1] == 32 * F
+
+
+@pytest.mark.parametrize("model", ["tiny", "narrow"])
+def test_deep_chunks_keep_the_seams(decoders: dict[str, ChatTTSWindowDecoder],
+                                    model: str) -> None:
+    """Once its listener holds a deep chunk, a stream decodes windows of 63
+    steps with the context and lookahead of the 32-step ones: their seams
+    are as inaudible, and the audio is the full decode's, sample for sample."""
+    dec, steps, deep_from = decoders[model], 220, 40
+    cfg = BASE.chunk_config()
+    planner = ChunkPlanner(cfg)
+    sizes = [(j.emit_end - j.emit_start) // F
+             for n in range(steps) for j in planner.push(1, deep=n >= deep_from)]
+    assert sizes.count(BASE.deep_chunk_frames) >= 2 and max(sizes) == BASE.deep_chunk_frames
+    rep = chatts_seam_report(dec, random_steps(dec, steps, seed=5), cfg, (1,),
+                             deep_from=deep_from)
+    print(f"{model} deep from step {deep_from}: seams "
+          f"{', '.join(f'{s:.1f}' for s in rep.seam_db)} dB")
+    assert rep.total_samples == steps * F
+    assert max(rep.seam_db[1:]) <= BOUNDS["default"][1]

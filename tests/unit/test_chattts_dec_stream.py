@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,13 @@ from rtserver.voices.chattts.decoder.model import StepWindow
 from rtserver.voices.chattts.decoder.stream import ChatTTSStream, ChatTTSVocoder
 
 F = 512
+
+
+def frozen() -> float:
+    """A clock that never moves: a listener who never plays, so a stream
+    decodes deep chunks exactly when it has sent one's worth (the same
+    windows in every run, whatever the machine's speed)."""
+    return 0.0
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +54,7 @@ def test_streams_batched_together_equal_each_alone(root: Path) -> None:
     patterns = [(1,), (3, 1), (7,), (1, 2)]
 
     async def together() -> tuple[list[np.ndarray], dict[int, int]]:
-        vocoder = ChatTTSVocoder.load(root)
+        vocoder = ChatTTSVocoder.load(root, clock=frozen)
         await vocoder.start()
         try:
             outs = await asyncio.gather(*(run_stream(vocoder.open_stream(), x, p)
@@ -56,7 +64,7 @@ def test_streams_batched_together_equal_each_alone(root: Path) -> None:
             await vocoder.close()
 
     async def alone(x: np.ndarray, p: tuple[int, ...]) -> np.ndarray:
-        vocoder = ChatTTSVocoder.load(root)
+        vocoder = ChatTTSVocoder.load(root, clock=frozen)
         await vocoder.start(warm_up=False)
         try:
             return await run_stream(vocoder.open_stream(), x, p)
@@ -192,7 +200,7 @@ def _emulated(root: Path) -> ChatTTSVocoder:
     dec = ChatTTSWindowDecoder(mel, vocos, dims, "decoder", graph_max_batch=cfg.max_batch,
                                graph_frame_buckets=cfg.graph_frame_buckets,
                                graph_max_cells=cfg.graph_max_cells, emulate_graphs=True)
-    return ChatTTSVocoder(dec, cfg)
+    return ChatTTSVocoder(dec, cfg, clock=frozen)
 
 
 def test_graph_buckets_pad_exactly(root: Path) -> None:
@@ -223,5 +231,41 @@ def test_first_lane_streams_equal_plain_streams(root: Path) -> None:
     emulated = _emulated(root)
     lane_outs = asyncio.run(go(emulated))
     assert emulated.stats.first_lane_calls >= 1
-    for out, ref in zip(lane_outs, asyncio.run(go(ChatTTSVocoder.load(root))), strict=True):
+    plain = ChatTTSVocoder.load(root, clock=frozen)
+    for out, ref in zip(lane_outs, asyncio.run(go(plain)), strict=True):
         np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))
+
+
+def test_a_stream_decodes_deep_chunks_only_while_its_listener_holds_one(root: Path) -> None:
+    """Later decodes grow to ``deep_chunk_frames`` (63 steps) while the
+    listener (playing since the stream's first audio) holds that much audio,
+    and stay at 32 steps for a listener kept near the end of what it was
+    sent; the audio is whole either way."""
+    cfg = ChatTTSDecodeConfig()
+    deep = cfg.deep_chunk_frames
+    x = steps(300, 7)
+
+    async def sizes(clock_of: Callable[[ChatTTSStream], float]) -> list[int]:
+        stream: ChatTTSStream | None = None
+        vocoder = ChatTTSVocoder.load(root, config=cfg, clock=lambda: clock_of(stream))
+        await vocoder.start(warm_up=False)
+        try:
+            stream = vocoder.open_stream()
+            out: list[int] = []  # samples of each chunk
+            for i in range(len(x)):
+                out += [len(c.samples) for c in await stream.push(x[i:i + 1])]
+            tail = await stream.finish()
+            assert sum(out) + sum(len(c.samples) for c in tail) == len(x) * F
+            return [n // F for n in out[1:]]  # later chunks, in steps
+        finally:
+            await vocoder.close()
+
+    # never plays: it holds everything sent
+    assert asyncio.run(sizes(lambda s: 0.0)).count(deep) >= 2
+
+    # plays all but 0.5 s of what it was sent: never a deep chunk's worth
+    def near_the_end(s: ChatTTSStream | None) -> float:
+        sent = 0.0 if s is None else s.emitted_samples / 24000
+        return sent - 0.5
+    got = asyncio.run(sizes(near_the_end))
+    assert max(got) == cfg.max_chunk_frames and got.count(cfg.max_chunk_frames) >= 4

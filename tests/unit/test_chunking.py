@@ -25,14 +25,16 @@ def signal(start: int, stop: int) -> np.ndarray:
     return (((t * 37) % 1009) / 1009.0).astype(np.float32)
 
 
-def run(cfg: ChunkConfig, pushes: list[int]) -> tuple[list[DecodeJob], list[np.ndarray],
-                                                        list[int]]:
-    """Plan and join; returns jobs, chunks and the frames pushed when each job was planned."""
+def run(cfg: ChunkConfig, pushes: list[int], deep: list[bool] | None = None
+        ) -> tuple[list[DecodeJob], list[np.ndarray], list[int]]:
+    """Plan and join; returns jobs, chunks and the frames pushed when each job was
+    planned. ``deep[i]``: push ``i`` says the listener holds a deep chunk."""
     planner, joiner = ChunkPlanner(cfg), SeamJoiner(cfg.samples_per_frame)
     jobs, chunks, seen = [], [], []
     f = cfg.samples_per_frame
-    for n in [*pushes, None]:
-        new = planner.finish() if n is None else planner.push(n)
+    for i, n in enumerate([*pushes, None]):
+        new = planner.finish() if n is None else planner.push(
+            n, deep=bool(deep and deep[i % len(deep)]))
         for job in new:
             audio = signal(job.start_frame * f, job.end_frame * f)
             chunks.append(joiner.join(job, audio))
@@ -79,16 +81,20 @@ def test_crossfade_windows_sum_to_one() -> None:
     xf=st.sampled_from([0, 128, 256]),
     ctx=st.sampled_from([0, 2048, 4757]),
     second=st.sampled_from([0, 1, 3]),
+    deep_more=st.sampled_from([0, 1, 9]),
+    deep=st.lists(st.booleans(), min_size=1, max_size=8),
 )
 def test_every_sample_once_in_order(pushes: list[int], first: int, growth: float,
                                     max_chunk: int, la: int, xf: int, ctx: int,
-                                    second: int) -> None:
+                                    second: int, deep_more: int, deep: list[bool]) -> None:
     first_la = min(la, first * F - xf - 1)
     max_chunk = max(max_chunk, first)
+    deep_frames = max_chunk + deep_more if deep_more else 0
     cfg = ChunkConfig(first_frames=first, growth=growth, max_chunk_frames=max_chunk,
                       context_samples=ctx, first_lookahead_samples=first_la,
-                      lookahead_samples=la, crossfade_samples=xf, second_frames=second)
-    jobs, chunks, seen = run(cfg, pushes)
+                      lookahead_samples=la, crossfade_samples=xf, second_frames=second,
+                      deep_chunk_frames=deep_frames)
+    jobs, chunks, seen = run(cfg, pushes, deep)
     out = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     n = sum(pushes)
     assert len(out) == n * F
@@ -96,7 +102,8 @@ def test_every_sample_once_in_order(pushes: list[int], first: int, growth: float
     check_geometry(cfg, jobs, seen)
     for job in jobs:  # a burst never makes one huge decode
         tail = la + xf if job.final else 0
-        assert job.emit_end - job.emit_start < (max_chunk + 1) * F + xf + tail
+        most = max(max_chunk, deep_frames)
+        assert job.emit_end - job.emit_start < (most + 1) * F + xf + tail
 
 
 def test_first_audio_after_first_frames_then_growing_chunks() -> None:
@@ -116,6 +123,43 @@ def test_first_audio_after_first_frames_then_growing_chunks() -> None:
         assert target * F <= size < (target + 1) * F
     # steady state: one decode per max chunk, exactly that much audio
     assert sizes[-1] == cfg.max_chunk_frames * F
+
+
+def test_deep_chunks_only_while_the_listener_holds_one() -> None:
+    """Steady chunks are ``max_chunk_frames``; pushes that say the listener
+    holds a deep chunk wait for ``deep_chunk_frames`` fresh frames (with the
+    same lookahead), and the next push that does not say so decodes at once,
+    at most ``max_chunk_frames`` a decode again."""
+    cfg = ChunkConfig(max_chunk_frames=4, deep_chunk_frames=10)
+    planner = ChunkPlanner(cfg)
+    margin = cfg.lookahead_samples + cfg.crossfade_samples
+    sizes: list[tuple[int, bool]] = []
+
+    def push(deep: bool) -> list[DecodeJob]:
+        jobs = planner.push(1, deep=deep)
+        sizes.extend(((j.emit_end - j.emit_start) // F, deep) for j in jobs)
+        return jobs
+
+    while len(sizes) < 6:
+        push(False)
+    assert sizes[-1] == (4, False)
+    waited = 0
+    while not push(True):
+        waited += 1
+    assert sizes[-1] == (10, True) and waited >= 5  # 10 fresh frames, not 4
+    job_end = planner.emitted_samples + margin
+    assert planner.frames * F >= job_end  # with its full lookahead
+    for _ in range(7):  # the listener runs low: no deep wait any more
+        push(False)
+    assert sizes[-1] == (4, False)
+    assert all(size <= 4 for size, deep in sizes if not deep)
+
+
+def test_without_deep_chunks_the_flag_changes_nothing() -> None:
+    cfg = ChunkConfig(max_chunk_frames=4)
+    pushes = [1, 3, 1, 7, 1, 1, 20, 1, 1]
+    plain, deep = run(cfg, pushes), run(cfg, pushes, [True])
+    assert [j.emit_end for j in plain[0]] == [j.emit_end for j in deep[0]]
 
 
 def test_first_decode_uses_full_lookahead_when_frames_are_there() -> None:
@@ -153,6 +197,8 @@ def test_misuse_is_rejected() -> None:
         ChunkConfig(growth=0.5)
     with pytest.raises(ValueError):
         ChunkConfig(crossfade_samples=4096)
+    with pytest.raises(ValueError, match="deep_chunk_frames"):
+        ChunkConfig(max_chunk_frames=16, deep_chunk_frames=16)
     planner = ChunkPlanner(ChunkConfig())
     jobs = planner.push(1) + planner.push(12)
     assert len(jobs) >= 2

@@ -5,6 +5,7 @@
                                                       [--layer-scale 0.5]
     python -m rtserver.tools.measure.chattts_decoder edges  [--shape real|tiny] [--route ...]
     python -m rtserver.tools.measure.chattts_decoder seams  [--shape real|tiny] [--steps 160]
+    python -m rtserver.tools.measure.chattts_decoder cost   [--shape real] [--batches 1,8,16]
     ... --root MODEL_DIR   (any of them on real weights: MODEL_DIR/asset/*.safetensors)
 
 Without ``--root`` the checkpoint has random weights (``--shape real``: the real
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -122,22 +124,57 @@ def measure_edges(decoder: ChatTTSWindowDecoder, *, n_steps: int = 200, span: in
 
 
 def chatts_seam_report(decoder: ChatTTSWindowDecoder, x: npt.NDArray[np.generic],
-                       config: ChunkConfig, push_sizes: Sequence[int] = (1,)) -> SeamReport:
+                       config: ChunkConfig, push_sizes: Sequence[int] = (1,), *,
+                       deep_from: int | None = None) -> SeamReport:
     """Chunked (planner + joiner) vs full decode of the same steps."""
-    return seam_report(decoder, x, config, push_sizes, window=StepWindow)
+    return seam_report(decoder, x, config, push_sizes, window=StepWindow, deep_from=deep_from)
+
+
+def window_steps(emitted: int) -> int:
+    """Steps of a steady window that emits ``emitted`` steps (the default plan's
+    context and lookahead, and the crossfade's extra step)."""
+    from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+
+    c = ChatTTSDecodeConfig()
+    return (c.context_samples + c.lookahead_samples + c.crossfade_samples) // F + 1 + emitted
+
+
+def decode_cost(decoder: ChatTTSWindowDecoder, batch: int, *, seed: int = 0,
+                repeats: int = 5) -> dict[int, float]:
+    """Seconds of one call of ``batch`` steady windows, best of ``repeats``, for
+    the default plan's chunk (``max_chunk_frames``) and its deep chunk."""
+    from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+
+    c = ChatTTSDecodeConfig()
+    out: dict[int, float] = {}
+    for emitted in (c.max_chunk_frames, c.deep_chunk_frames):
+        x = random_steps(decoder, window_steps(emitted) * batch, seed)
+        n = window_steps(emitted)
+        windows = [StepWindow(x[i * n:(i + 1) * n], 100) for i in range(batch)]
+        decoder.decode(windows)  # first-call costs
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            decoder.decode(windows)
+            best = min(best, time.perf_counter() - t0)
+        out[emitted] = best
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("what", choices=["reach", "edges", "seams"])
+    p.add_argument("what", choices=["reach", "edges", "seams", "cost"])
     p.add_argument("--shape", choices=list(SHAPES), default="real")
     p.add_argument("--root", type=Path, default=None, help="real weights: MODEL_DIR")
     p.add_argument("--route", choices=["decoder", "dvae"], default="decoder")
     p.add_argument("--layer-scale", type=float, default=DEFAULT_LAYER_SCALE)
     p.add_argument("--steps", type=int, default=160)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batches", default="1,8,16", help="cost: windows a call")
+    p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
-    dec = build_decoder(a.shape, a.route, layer_scale=a.layer_scale, seed=a.seed, root=a.root)
+    dec = build_decoder(a.shape, a.route, layer_scale=a.layer_scale, seed=a.seed, root=a.root,
+                        device=a.device)
     what = (f"weights from {a.root}" if a.root else
             f"shape={a.shape} layer_scale={a.layer_scale} (random weights)")
     print(f"{what} route={a.route}; exact support "
@@ -150,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
         for d, (left, right) in measure_edges(dec, seed=a.seed + 3).items():
             print(f"{d:6d} samples ({d / F:5.1f} steps) from the cut: left edge {left:7.1f} dB, "
                   f"right edge {right:7.1f} dB")
+    elif a.what == "cost":
+        for batch in (int(b) for b in a.batches.split(",")):
+            for emitted, seconds in decode_cost(dec, batch, seed=a.seed).items():
+                print(f"{batch:3d} windows of {window_steps(emitted):3d} steps ({emitted} "
+                      f"emitted): {1000 * seconds:8.1f} ms a call, "
+                      f"{1e6 * seconds / (batch * emitted):7.1f} us per emitted step")
     else:
         from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
 

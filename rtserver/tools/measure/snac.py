@@ -130,13 +130,15 @@ WindowFactory = Callable[[npt.NDArray[Any], int], Any]
 
 
 def decode_chunked(decoder: WindowDecoder[Any], codes: npt.NDArray[Any], config: ChunkConfig,
-                   push_sizes: Sequence[int] = (1,), *, window: WindowFactory = CodeWindow
-                   ) -> tuple[list[FloatArray], list[DecodeJob]]:
+                   push_sizes: Sequence[int] = (1,), *, window: WindowFactory = CodeWindow,
+                   deep_from: int | None = None) -> tuple[list[FloatArray], list[DecodeJob]]:
     """Stream ``codes`` through planner + decoder + joiner, synchronously.
 
     ``push_sizes`` cycles: frames per push. ``window(rows, start_frame)`` makes
     the decoder's window (SNAC ``CodeWindow`` by default; any frame rows, e.g.
-    ChatTTS hidden states). Returns the emitted chunks and jobs.
+    ChatTTS hidden states). ``deep_from``: pushes from that frame on say the
+    listener holds a deep chunk (``ChunkPlanner.push(deep=True)``). Returns
+    the emitted chunks and jobs.
     """
     planner, joiner = ChunkPlanner(config), SeamJoiner(config.samples_per_frame)
     chunks: list[FloatArray] = []
@@ -151,7 +153,7 @@ def decode_chunked(decoder: WindowDecoder[Any], codes: npt.NDArray[Any], config:
 
     while pos < len(codes):
         n = min(push_sizes[i % len(push_sizes)], len(codes) - pos)
-        run(planner.push(n))
+        run(planner.push(n, deep=deep_from is not None and pos >= deep_from))
         pos, i = pos + n, i + 1
     run(planner.finish())
     return chunks, jobs_all
@@ -166,11 +168,12 @@ class SeamReport:
 
 
 def seam_report(decoder: WindowDecoder[Any], codes: npt.NDArray[Any], config: ChunkConfig,
-                push_sizes: Sequence[int] = (1,), *, window: WindowFactory = CodeWindow
-                ) -> SeamReport:
+                push_sizes: Sequence[int] = (1,), *, window: WindowFactory = CodeWindow,
+                deep_from: int | None = None) -> SeamReport:
     """Chunked decode vs one full decode of the same frames."""
     full = decoder.decode([window(codes, 0)])[0].astype(np.float64)
-    chunks, jobs = decode_chunked(decoder, codes, config, push_sizes, window=window)
+    chunks, jobs = decode_chunked(decoder, codes, config, push_sizes, window=window,
+                                  deep_from=deep_from)
     out = np.concatenate(chunks).astype(np.float64) if chunks else np.zeros(0)
     rms = float(np.sqrt(np.mean(full ** 2)))
     if len(out) != len(full):

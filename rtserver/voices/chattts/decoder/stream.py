@@ -21,6 +21,8 @@ see ``config``). Decodes of all streams are batched (``batcher.DecodeBatcher``).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,8 +42,8 @@ from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder, StepWind
 class ChatTTSVocoder(BatchedVocoder[StepWindow]):
     """The window decoder behind the shared batcher; ``start`` before opening streams."""
 
-    def __init__(self, decoder: ChatTTSWindowDecoder, config: ChatTTSDecodeConfig | None = None
-                 ) -> None:
+    def __init__(self, decoder: ChatTTSWindowDecoder, config: ChatTTSDecodeConfig | None = None,
+                 *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config or ChatTTSDecodeConfig(route=decoder.route)
         if self.config.route != decoder.route:
             raise ValueError(f"config route {self.config.route!r} != decoder route "
@@ -56,11 +58,12 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         super().__init__(DecodeBatcher(decoder, device_batcher_config(
             decoder.device.type == "cuda", max_batch=c.max_batch,
             max_batch_frames=c.max_batch_frames, max_pad_fraction=c.max_pad_fraction,
-            hold_s=c.hold_s)), c.chunk_config())
+            hold_s=c.hold_s), clock=clock), c.chunk_config())
 
     @classmethod
     def load(cls, root: Path | None, *, route: str | None = None, dummy: bool = False,
-             device: str = "cpu", config: ChatTTSDecodeConfig | None = None) -> ChatTTSVocoder:
+             device: str = "cpu", config: ChatTTSDecodeConfig | None = None,
+             clock: Callable[[], float] = time.perf_counter) -> ChatTTSVocoder:
         """From an upstream-layout folder (``root/asset/...``), or the real shapes
         with random weights (``dummy=True``: the speed is real, the sound is noise)."""
         config = config or ChatTTSDecodeConfig(route=route or "decoder")
@@ -80,7 +83,7 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
             mel, vocos, dims, r, device=device, cuda_graphs=config.cuda_graphs, bf16=config.bf16,
             graph_max_batch=config.max_batch, graph_frame_buckets=config.graph_frame_buckets,
             graph_max_cells=config.graph_max_cells)
-        return cls(decoder, config)
+        return cls(decoder, config, clock=clock)
 
     def attach_store(self, store: Any, zero_index: int) -> None:
         """Streams take indices into ``store`` (the engine's device tensor of hidden
