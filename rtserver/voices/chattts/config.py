@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+
+# Deep chunks longer than this (5.5 s of audio) would keep a stream's audio back
+# for seconds at a time.
+MAX_DEEP_STEPS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class ChatTTSConfig:
@@ -24,6 +30,10 @@ class ChatTTSConfig:
     # A later chunk may wait this long for others to share its decoder call;
     # < 0: 40 ms on CUDA, 0 on CPU (chattts.decoder.config ``hold_s``).
     decoder_hold_ms: float = -1.0
+    # Steps a later decode waits for while the stream's listener holds that
+    # much audio (chattts.decoder.config ``deep_chunk_frames``: 30 % less
+    # decoder time per step of audio); 0: always the plan's 32.
+    decoder_deep_steps: int = 63
     # A TOML or JSON file: name -> upstream speaker string (TOML: a [speakers] table).
     voices_file: str = ""
     # Seeded speakers listed as voices (chattts:seed_N); any N may be configured.
@@ -85,6 +95,11 @@ class ChatTTSConfig:
                              "route; chattts.decoder is 'dvae' (codes)")
         if self.decoder_hold_ms > 1000:
             raise ValueError("chattts.decoder_hold_ms must be <= 1000")
+        steady = ChatTTSDecodeConfig().max_chunk_frames
+        if self.decoder_deep_steps and not steady < self.decoder_deep_steps <= MAX_DEEP_STEPS:
+            raise ValueError(f"chattts.decoder_deep_steps {self.decoder_deep_steps}: 0 (off) or "
+                             f"{steady + 1}..{MAX_DEEP_STEPS} (more than the plan's {steady}-step "
+                             "chunks)")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"chattts.dtype {self.dtype!r}: auto, float32, bfloat16, float16")
         if not 0 <= self.speed <= 9:
