@@ -126,6 +126,7 @@ class WorkerServer:
         # a front end that has measured none yet plans with it (Load.rtf)
         self._hints = hints or HintConfig()
         self.rates = {fam: RtfTracker(self._hints) for fam in capacity}
+        self.rtf_sent: dict[str, float] = {}  # the last ``rtf()``, for /metrics' thread
         self._push: asyncio.TimerHandle | None = None  # the pending Load to every front end
         self.ready = m.Ready(
             epoch=self.epoch, pid=os.getpid(),
@@ -321,8 +322,9 @@ class WorkerServer:
         """Per family with a request completed: the ``[hints] percentile`` of
         its recent requests' r at the load held now (``RtfTracker.percentile``)."""
         now = time.monotonic()
-        return {fam: t.percentile(now=now, load=self.active.get(fam, 0))
-                for fam, t in self.rates.items() if t.count}
+        self.rtf_sent = {fam: t.percentile(now=now, load=self.active.get(fam, 0))
+                         for fam, t in self.rates.items() if t.count}
+        return self.rtf_sent
 
     def _load_for(self, peer: bytes) -> m.Load:
         return m.Load(epoch=self.epoch, active=dict(self.active), capacity=self.capacity,
@@ -570,7 +572,13 @@ class WorkerCollector(Collector):
                                    "The worker process's GIL switch interval "
                                    "(sys.getswitchinterval; gpu.gil_switch_ms)")
         switch.add_metric([], sys.getswitchinterval())
-        yield from (held, cap, starting, fronts, switch)
+        rtf = GaugeMetricFamily(
+            "rtserver_gpu_worker_rtf",
+            "r (generation time / audio time) of the requests completed lately at the present "
+            "load, as last sent to the front ends (Load.rtf)", labels=["family"])
+        for family, r in self.server.rtf_sent.items():  # replaced whole on the loop
+            rtf.add_metric([family], r)
+        yield from (held, cap, starting, fronts, switch, rtf)
 
 
 def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer

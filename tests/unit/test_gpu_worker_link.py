@@ -34,7 +34,7 @@ from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voi
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, register_family
 from rtserver.worker import messages as m
 from rtserver.worker.placement import capacity_of, split_specs
-from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerServer
+from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerCollector, WorkerServer
 from rtserver.worker.remote import RemoteVoice, WorkerLink, load_server_voices
 
 RATE = 24000
@@ -426,6 +426,9 @@ async def test_every_front_end_hears_the_r_of_the_requests_completed_in_the_work
         rtf = on_b.rtf_elsewhere()
         assert rtf is not None and 0.4 <= rtf < 5.0  # five 40 ms pauses for 0.5 s
         assert a.rtf("fake") == rtf
+        gauge = next(f for f in WorkerCollector(r.server).collect()
+                     if f.name == "rtserver_gpu_worker_rtf")
+        assert [(s.labels, s.value) for s in gauge.samples] == [({"family": "fake"}, rtf)]
         # b's server plans its hints with it (it has measured nothing itself)
         state = AppState(config=load_config(env={}, flags={}), voices={"fake:slow": on_b},
                          default_voice="fake:slow")
