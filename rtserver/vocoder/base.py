@@ -30,9 +30,12 @@ class VocoderStream(Protocol[X_contra]):
 class Vocoder(Protocol[X_contra]):
     """A loaded vocoder model shared by every stream of a voice family."""
 
-    def open_stream(self, *, first: bool = False) -> VocoderStream[X_contra]:
+    def open_stream(self, *, first: bool = False,
+                    held_s: float | None = None) -> VocoderStream[X_contra]:
         """A segment's stream; ``first``: a context's first segment (the
-        vocoder may plan its chunks for it, ``BatchedVocoder.first_chunking``)."""
+        vocoder may plan its chunks for it, ``BatchedVocoder.first_chunking``);
+        ``held_s``: the audio its listener holds now, before this segment's
+        (from the request's ``deadline``; None: not known)."""
         ...
 
     async def close(self) -> None: ...

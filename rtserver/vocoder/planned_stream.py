@@ -70,15 +70,15 @@ class FrameHistory:
 class PlannedStream(ABC, Generic[W]):
     """The push / finish / close cycle of one segment (see the module docstring)."""
 
-    __slots__ = ("_batcher", "_busy", "_closed", "_first_at", "_history", "_joiner",
-                 "_planner", "_sample_rate")
+    __slots__ = ("_batcher", "_busy", "_closed", "_first_at", "_held_until", "_history",
+                 "_joiner", "_planner", "_sample_rate")
 
     # "vocoder stream" in errors; subclasses name their model
     _what = "vocoder stream"
 
     def __init__(self, batcher: DecodeBatcher[W], chunking: ChunkConfig, *,
                  samples_per_frame: int, sample_rate: int, width: int,
-                 dtype: type[np.generic]) -> None:
+                 dtype: type[np.generic], held_s: float | None = None) -> None:
         self._batcher = batcher
         self._planner = ChunkPlanner(chunking)
         self._joiner = SeamJoiner(samples_per_frame)
@@ -87,6 +87,8 @@ class PlannedStream(ABC, Generic[W]):
         self._busy = False
         self._closed = False
         self._first_at: float | None = None  # when the first audio came out (batcher clock)
+        # when the listener has played what it held before this segment (batcher clock)
+        self._held_until = None if held_s is None else batcher.clock() + max(0.0, held_s)
 
     @property
     def frames(self) -> int:
@@ -141,12 +143,14 @@ class PlannedStream(ABC, Generic[W]):
 
     def _deep(self) -> bool:
         """The listener holds a deep chunk's worth of audio (``ChunkConfig.
-        deep_chunk_frames``): counted, as the batcher's hold is, for a listener
-        who started playing at this stream's first audio."""
+        deep_chunk_frames``): it plays this segment's audio from when it has
+        played what it held before (``held_s``) or from the segment's first
+        audio, whichever is later, without a pause."""
         need = self._planner.deep_buffer_samples
-        if not need or self._first_at is None:
+        known = [t for t in (self._held_until, self._first_at) if t is not None]
+        if not need or not known:
             return False
-        queued_s = (self._first_at + self.emitted_samples / self._sample_rate
+        queued_s = (max(known) + self.emitted_samples / self._sample_rate
                     - self._batcher.clock())
         return queued_s * self._sample_rate >= need
 

@@ -269,3 +269,38 @@ def test_a_stream_decodes_deep_chunks_only_while_its_listener_holds_one(root: Pa
         return sent - 0.5
     got = asyncio.run(sizes(near_the_end))
     assert max(got) == cfg.max_chunk_frames and got.count(cfg.max_chunk_frames) >= 4
+
+
+@pytest.mark.parametrize(("held_s", "deep_chunks"), [(None, False), (0.5, False), (5.0, True)])
+def test_audio_the_listener_holds_before_a_segment_counts_for_deep_chunks(
+        root: Path, held_s: float | None, deep_chunks: bool) -> None:
+    """A later segment whose listener still holds audio from the segments
+    before it (``held_s``, from the request's deadline) takes deep chunks
+    from its second decode on when that covers one, though the segment itself
+    is generated at real time (here: one step of audio per step of clock),
+    which alone never builds a deep chunk's worth (and uses up what it held:
+    3 s would be down to 1.3 s when the first deep chunk is due)."""
+    cfg = ChatTTSDecodeConfig()
+    x = steps(200, 9)
+    now = [0.0]
+
+    async def later_chunks() -> list[int]:
+        vocoder = ChatTTSVocoder.load(root, config=cfg, clock=lambda: now[0])
+        await vocoder.start(warm_up=False)
+        try:
+            stream = vocoder.open_stream(held_s=held_s)
+            out: list[int] = []
+            for i in range(len(x)):
+                now[0] = i * F / 24000
+                out += [len(c.samples) for c in await stream.push(x[i:i + 1])]
+            out += [len(c.samples) for c in await stream.finish()]
+            assert sum(out) == len(x) * F
+            return [n // F for n in out[1:-1]]
+        finally:
+            await vocoder.close()
+
+    got = asyncio.run(later_chunks())
+    if deep_chunks:
+        assert got[0] == cfg.deep_chunk_frames and got.count(cfg.deep_chunk_frames) >= 2
+    else:
+        assert max(got) == cfg.max_chunk_frames

@@ -80,8 +80,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         self.decoder.warm_up(self.config.max_batch_frames, first_lane_frames=first)
         return self.decoder.first_lane()
 
-    def open_stream(self, *, first: bool = False) -> SnacStream:
-        return SnacStream(self, self._batcher, self.chunking_for(first))
+    def open_stream(self, *, first: bool = False, held_s: float | None = None) -> SnacStream:
+        return SnacStream(self, self._batcher, self.chunking_for(first), held_s=held_s)
 
 
 class SnacStream(PlannedStream[CodeWindow]):
@@ -91,10 +91,11 @@ class SnacStream(PlannedStream[CodeWindow]):
     __slots__ = ("_vocoder",)
 
     def __init__(self, vocoder: SnacVocoder, batcher: DecodeBatcher[CodeWindow],
-                 chunking: ChunkConfig | None = None) -> None:
+                 chunking: ChunkConfig | None = None, *, held_s: float | None = None) -> None:
         super().__init__(batcher, chunking or vocoder.chunking,
                          samples_per_frame=vocoder.samples_per_frame,
-                         sample_rate=vocoder.sample_rate, width=FRAME_CODES, dtype=np.int64)
+                         sample_rate=vocoder.sample_rate, width=FRAME_CODES, dtype=np.int64,
+                         held_s=held_s)
         self._vocoder = vocoder
 
     def _check(self, frames: npt.ArrayLike) -> npt.NDArray[np.int64]:

@@ -97,10 +97,11 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         return self.decoder.first_lane(self.config.first_lane_batch,
                                        self.config.first_lane_steps)
 
-    def open_stream(self, *, first: bool = False) -> ChatTTSStream:
+    def open_stream(self, *, first: bool = False, held_s: float | None = None) -> ChatTTSStream:
         """A segment's stream; one chunk plan for every segment (ChatTTS's r
-        stays low enough that its chunks never outgrow the audio before them)."""
-        return ChatTTSStream(self, self._batcher)
+        stays low enough that its chunks never outgrow the audio before them).
+        ``held_s``: the audio its listener holds before it (deep chunks)."""
+        return ChatTTSStream(self, self._batcher, held_s=held_s)
 
 
 class ChatTTSStream(PlannedStream[StepWindow]):
@@ -111,11 +112,12 @@ class ChatTTSStream(PlannedStream[StepWindow]):
     __slots__ = ("_vocoder",)
     _what = "ChatTTS vocoder stream"
 
-    def __init__(self, vocoder: ChatTTSVocoder, batcher: DecodeBatcher[StepWindow]) -> None:
+    def __init__(self, vocoder: ChatTTSVocoder, batcher: DecodeBatcher[StepWindow], *,
+                 held_s: float | None = None) -> None:
         dec = vocoder.decoder
         super().__init__(batcher, vocoder.chunking, samples_per_frame=STEP_SAMPLES,
                          sample_rate=vocoder.sample_rate, width=dec.input_width,
-                         dtype=dec.input_dtype)
+                         dtype=dec.input_dtype, held_s=held_s)
         self._vocoder = vocoder
 
     @property
