@@ -48,7 +48,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
-    from rtserver.voices.chattts.engine.engine import PHASES, TorchCodeEngine, TorchEngineConfig
+    from rtserver.voices.chattts.engine.counters import PHASES
+    from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
     from rtserver.voices.chattts.engine.model import ChatLM
     from rtserver.voices.chattts.text import code_prompt
 

@@ -55,6 +55,7 @@ from rtserver.engine.base import (
     TokenRequest,
 )
 from rtserver.errors import EngineDead, EngineFailed, Overloaded
+from rtserver.voices.chattts.engine.counters import StepCounters, metric_counters
 from rtserver.voices.chattts.engine.handover import Batch, Handover
 from rtserver.voices.chattts.engine.model import ChatLM
 from rtserver.voices.chattts.engine.runner import (
@@ -126,40 +127,6 @@ class _Req:
 
 # thread -> loop: (request id, codes [n, vq] or None, hidden [n, H] or None, done, error)
 _Event = tuple[str, "np.ndarray | None", "np.ndarray | None", bool, "BaseException | None"]
-
-
-@dataclass
-class StepCounters:
-    """What the step loop did (thread-written plain numbers; /metrics reads them)."""
-
-    steps: int = 0  # steps launched (decode and/or prefill)
-    decode_steps: int = 0
-    prefill_batches: int = 0
-    rows: int = 0  # decode rows run, summed over steps
-    prefill_tokens: int = 0  # prompt positions prefilled
-    prefill_padded: int = 0  # the same, padded to the graph's shape
-    moves: int = 0  # slots moved by compaction
-    host_s: float = 0.0  # engine thread wall time per step, outside its one wait
-    host_cpu_s: float = 0.0  # engine thread CPU time per step, outside its one wait
-    gpu_s: float = 0.0  # device time from a step's first launch to its copy out
-    wait_s: float = 0.0  # time blocked in the wait
-    syncs: int = 0  # host syncs (one per step read back)
-    # host_s and host_cpu_s split by phase (wall, CPU), of the same turns (those
-    # that launched a step); the rest (inbox, expiry, scheduling, store staging,
-    # the refine-text lane, these counters) is host minus the three
-    launch_s: float = 0.0  # runner.launch: inputs staged, graphs replayed
-    launch_cpu_s: float = 0.0
-    read_s: float = 0.0  # the previous step read back and handed over (handover.py)
-    read_cpu_s: float = 0.0
-    post_s: float = 0.0  # the hand-overs posted to the event loop
-    post_cpu_s: float = 0.0
-
-
-# The phases of StepCounters' host time (its <phase>_s and <phase>_cpu_s), as
-# /metrics describes them.
-PHASES = (("launch", "launching steps (inputs staged, graphs replayed)"),
-          ("read", "reading steps back and handing them over"),
-          ("post", "posting hand-overs to the event loop"))
 
 
 class TorchCodeEngine:
@@ -485,28 +452,8 @@ class TorchCodeEngine:
     def counters(self) -> dict[str, tuple[str, float]]:
         """Extra counters for /metrics (``rtserver_engine_<name>_total``): ``rate()`` of
         each over ``rate(rtserver_engine_steps_total)`` gives host seconds, GPU seconds,
-        rows and prefill positions per step."""
-        c = self.counters_
-        return {
-            "decode_steps": ("Decode steps run (all decoding requests at once)",
-                             c.decode_steps),
-            "prefill_batches": ("Steps that carried prefill chunks", c.prefill_batches),
-            "steps": ("Engine steps launched (decode and/or prefill)", c.steps),
-            "host_seconds": ("Engine thread wall time per step outside its one wait "
-                                    "on the device (GIL waits included), summed", c.host_s),
-            "host_cpu_seconds": ("Engine thread CPU time per step outside its one wait "
-                                        "on the device, summed", c.host_cpu_s),
-            "gpu_seconds": ("Device time of the engine's steps (first launch to copy "
-                                   "out), summed", c.gpu_s),
-            "rows": ("Decode rows run, summed over steps", c.rows),
-            "prefill_tokens": ("Prompt positions prefilled", c.prefill_tokens),
-            "prefill_padded_tokens": ("Prompt positions prefilled, padded to the "
-                                             "graph's shape", c.prefill_padded),
-            "moves": ("KV slots moved to keep the decode batch compact", c.moves),
-        } | {  # host_seconds and host_cpu_seconds by phase
-            f"host_{phase}{kind}_seconds": (f"Engine thread {clock} time {what}, summed",
-                                            getattr(c, f"{phase}{kind}_s"))
-            for phase, what in PHASES for kind, clock in (("", "wall"), ("_cpu", "CPU"))}
+        rows and prefill positions per step (``counters.metric_counters``)."""
+        return metric_counters(self.counters_)
 
     def store_rows_kept(self) -> int:
         """Hidden-state store rows a consumer still holds (0 without a store)."""
@@ -597,8 +544,8 @@ class TorchCodeEngine:
                         ph[4] += time.perf_counter() - tp
                         ph[5] += time.thread_time() - cp
                     if rec is not None:
-                        self._count(rec, time.perf_counter() - t0 - waited,
-                                    time.thread_time() - cpu0 - cpu_waited, ph)
+                        c.count(rec.plan, time.perf_counter() - t0 - waited,
+                                time.thread_time() - cpu0 - cpu_waited, ph)
                     elif not text:
                         self._drained.set()
                         self._wake.wait(0.05)
@@ -612,27 +559,6 @@ class TorchCodeEngine:
                 results: list[TextResult] = [(rid, None, err) for rid in list(self._text_futs)]
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._resolve_text, results)
-
-    def _count(self, rec: Record, host_s: float, host_cpu_s: float,
-               phases: list[float]) -> None:
-        c, plan = self.counters_, rec.plan
-        c.steps += 1
-        c.host_s += host_s
-        c.host_cpu_s += host_cpu_s
-        c.launch_s += phases[0]
-        c.launch_cpu_s += phases[1]
-        c.read_s += phases[2]
-        c.read_cpu_s += phases[3]
-        c.post_s += phases[4]
-        c.post_cpu_s += phases[5]
-        if plan.rows:
-            c.decode_steps += 1
-            c.rows += len(plan.rows)
-        if plan.chunks:
-            c.prefill_batches += 1
-            c.prefill_tokens += sum(ch.length for ch in plan.chunks)
-            c.prefill_padded += plan.prefill_tokens
-        c.moves += len(plan.moves)
 
     def _inputs(self, seq: Seq) -> PrefillInputs:
         req: _Req = seq.payload
