@@ -26,7 +26,7 @@ import torch
 
 from rtserver.tools.measure.snac import decode_chunked
 from rtserver.voices.chattts.decoder.checkpoint import load_audio_models
-from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+from rtserver.voices.chattts.decoder.config import DEEP_CHUNK_STEPS, ChatTTSDecodeConfig
 from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder, StepWindow
 
 from .conftest import Pair
@@ -99,7 +99,7 @@ def test_streaming_decode_within_the_seam_limits(routed: dict[str, object],
     dec, x, up_wav = routed["dec"], routed["x"], routed["up_wav"]
     assert isinstance(dec, ChatTTSWindowDecoder) and isinstance(x, np.ndarray)
     assert isinstance(up_wav, np.ndarray)
-    cfg = ChatTTSDecodeConfig().chunk_config()
+    cfg = ChatTTSDecodeConfig(deep_chunk_frames=DEEP_CHUNK_STEPS).chunk_config()
     chunks, jobs = decode_chunked(dec, x, cfg, pushes, window=StepWindow, deep_from=deep_from)
     if deep_from is not None:
         assert any(j.emit_end - j.emit_start == cfg.deep_chunk_frames * cfg.samples_per_frame

@@ -18,7 +18,11 @@ import pytest
 from rtserver.tools.measure.chattts_decoder import build_decoder, chatts_seam_report, random_steps
 from rtserver.tools.measure.snac import SeamReport
 from rtserver.vocoder.chunking import ChunkPlanner
-from rtserver.voices.chattts.decoder.config import CHATTTS_EXACT_SUPPORT, ChatTTSDecodeConfig
+from rtserver.voices.chattts.decoder.config import (
+    CHATTTS_EXACT_SUPPORT,
+    DEEP_CHUNK_STEPS,
+    ChatTTSDecodeConfig,
+)
 from rtserver.voices.chattts.decoder.dims import REAL_DIMS, exact_support
 from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder
 
@@ -119,11 +123,11 @@ def test_deep_chunks_keep_the_seams(decoders: dict[str, ChatTTSWindowDecoder],
     steps with the context and lookahead of the 32-step ones: their seams
     are as inaudible, and the audio is the full decode's, sample for sample."""
     dec, steps, deep_from = decoders[model], 220, 40
-    cfg = BASE.chunk_config()
+    cfg = replace(BASE, deep_chunk_frames=DEEP_CHUNK_STEPS).chunk_config()
     planner = ChunkPlanner(cfg)
     sizes = [(j.emit_end - j.emit_start) // F
              for n in range(steps) for j in planner.push(1, deep=n >= deep_from)]
-    assert sizes.count(BASE.deep_chunk_frames) >= 2 and max(sizes) == BASE.deep_chunk_frames
+    assert sizes.count(DEEP_CHUNK_STEPS) >= 2 and max(sizes) == DEEP_CHUNK_STEPS
     rep = chatts_seam_report(dec, random_steps(dec, steps, seed=5), cfg, (1,),
                              deep_from=deep_from)
     print(f"{model} deep from step {deep_from}: seams "

@@ -12,7 +12,7 @@ import torch
 
 from rtserver.errors import EngineFailed
 from rtserver.tools.layouts.chattts_decoder import write_tiny_decoder_assets
-from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+from rtserver.voices.chattts.decoder.config import DEEP_CHUNK_STEPS, ChatTTSDecodeConfig
 from rtserver.voices.chattts.decoder.model import StepWindow
 from rtserver.voices.chattts.decoder.stream import ChatTTSStream, ChatTTSVocoder
 
@@ -241,7 +241,7 @@ def test_a_stream_decodes_deep_chunks_only_while_its_listener_holds_one(root: Pa
     listener (playing since the stream's first audio) holds that much audio,
     and stay at 32 steps for a listener kept near the end of what it was
     sent; the audio is whole either way."""
-    cfg = ChatTTSDecodeConfig()
+    cfg = ChatTTSDecodeConfig(deep_chunk_frames=DEEP_CHUNK_STEPS)
     deep = cfg.deep_chunk_frames
     x = steps(300, 7)
 
@@ -280,7 +280,7 @@ def test_audio_the_listener_holds_before_a_segment_counts_for_deep_chunks(
     is generated at real time (here: one step of audio per step of clock),
     which alone never builds a deep chunk's worth (and uses up what it held:
     3 s would be down to 1.3 s when the first deep chunk is due)."""
-    cfg = ChatTTSDecodeConfig()
+    cfg = ChatTTSDecodeConfig(deep_chunk_frames=DEEP_CHUNK_STEPS)
     x = steps(200, 9)
     now = [0.0]
 

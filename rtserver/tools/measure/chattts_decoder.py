@@ -142,12 +142,13 @@ def window_steps(emitted: int) -> int:
 def decode_cost(decoder: ChatTTSWindowDecoder, batch: int, *, seed: int = 0,
                 repeats: int = 5) -> dict[int, float]:
     """Seconds of one call of ``batch`` steady windows, best of ``repeats``, for
-    the default plan's chunk (``max_chunk_frames``) and its deep chunk."""
-    from rtserver.voices.chattts.decoder.config import ChatTTSDecodeConfig
+    the default plan's chunk (``max_chunk_frames``) and a deep chunk
+    (``DEEP_CHUNK_STEPS``)."""
+    from rtserver.voices.chattts.decoder.config import DEEP_CHUNK_STEPS, ChatTTSDecodeConfig
 
     c = ChatTTSDecodeConfig()
     out: dict[int, float] = {}
-    for emitted in (c.max_chunk_frames, c.deep_chunk_frames):
+    for emitted in (c.max_chunk_frames, DEEP_CHUNK_STEPS):
         x = random_steps(decoder, window_steps(emitted) * batch, seed)
         n = window_steps(emitted)
         windows = [StepWindow(x[i * n:(i + 1) * n], 100) for i in range(batch)]

@@ -31,9 +31,10 @@ class ChatTTSConfig:
     # < 0: 40 ms on CUDA, 0 on CPU (chattts.decoder.config ``hold_s``).
     decoder_hold_ms: float = -1.0
     # Steps a later decode waits for while the stream's listener holds that
-    # much audio (chattts.decoder.config ``deep_chunk_frames``: 30 % less
-    # decoder time per step of audio); 0: always the plan's 32.
-    decoder_deep_steps: int = 63
+    # much audio (chattts.decoder.config ``deep_chunk_frames``; 63,
+    # ``DEEP_CHUNK_STEPS``: 19-40 % less decoder time per step of audio on the
+    # CPU); 0: always the plan's 32, the default until an A/B on a GPU.
+    decoder_deep_steps: int = 0
     # A TOML or JSON file: name -> upstream speaker string (TOML: a [speakers] table).
     voices_file: str = ""
     # Seeded speakers listed as voices (chattts:seed_N); any N may be configured.

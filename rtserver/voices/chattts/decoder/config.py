@@ -61,6 +61,13 @@ EDGE_ERROR_DB_1: dict[int, float] = {
 }
 
 
+# Deep chunks' size: 63 steps (1.34 s) make a window of 24 + 63 + 16 + 1 = 104
+# steps, a graph bucket, for 63 emitted, where 32 take 73 steps in the 80 bucket.
+# Decoder time per emitted step on the real shapes (random weights, CPU): -19 to
+# -40 % (bench/results/cpu-chattts-deep-chunks-2026-12-05).
+DEEP_CHUNK_STEPS = 63
+
+
 @dataclass(frozen=True, slots=True)
 class ChatTTSDecodeConfig:
     """Route, chunking (``ChunkConfig`` fields, frame = one step), batching, decoder."""
@@ -70,12 +77,10 @@ class ChatTTSDecodeConfig:
     second_frames: int = 8  # then chunks of 8, 16, 32, 32 ... steps
     growth: float = 2.0
     max_chunk_frames: int = 32  # 0.68 s of audio per decode at most
-    # ... or 63 (1.34 s) once the listener holds that much (``ChunkConfig.
-    # deep_chunk_frames``; 0: never): a window of 24 + 63 + 16 + 1 = 104 steps,
-    # a graph bucket, for 63 emitted, where 32 take 73 steps in the 80 bucket.
-    # Decoder time per emitted step on the real shapes (random weights, CPU,
-    # 2 threads, 8 windows a call): 0.94 ms against 1.35 (-30 %).
-    deep_chunk_frames: int = 63
+    # ... or this many once the listener holds that much (``ChunkConfig.
+    # deep_chunk_frames``; 0: never, the default until measured on a GPU;
+    # ``DEEP_CHUNK_STEPS`` is the size to turn on)
+    deep_chunk_frames: int = 0
     context_samples: int = 12288  # 24 steps: edge error <= -101 dB (EDGE_ERROR_DB*)
     first_lookahead_samples: int = 4096  # 8 steps: first seam -25 dB (0.5), -17 dB (1.0)
     lookahead_samples: int = 8192  # 16 steps: later seams -74 dB (0.5), -54 dB (1.0)
