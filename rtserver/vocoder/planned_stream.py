@@ -24,9 +24,11 @@ from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, Seam
 W = TypeVar("W", bound=FrameWindow)
 
 # A stream's decodes may wait for company in the batcher (``BatcherConfig.hold_s``)
-# once it has emitted this much audio: its listener then has that much queued
-# (less what it played), while its first chunks, which set time to first heard
-# audio and the start of playback, are never held.
+# once it has emitted this much audio (its listener then has that much queued,
+# less what it played), or while its listener holds this much beyond the decode
+# (a later segment of a context, ``held_s``); a segment's first chunk is
+# urgent (never held, the first lane) unless its listener holds that much: a
+# context's first audio, which sets time to first heard audio, always is.
 HOLD_AFTER_S = 1.0
 
 
@@ -141,17 +143,22 @@ class PlannedStream(ABC, Generic[W]):
         self._history = FrameHistory(self._history.data.shape[1],
                                      self._history.data.dtype.type)
 
+    def _plays_from(self) -> float | None:
+        """When (on the batcher's clock) the listener starts playing this
+        segment's audio: once it has played what it held before (``held_s``)
+        or at the segment's first audio, whichever is later, and then without
+        a pause; None while neither is known."""
+        known = [t for t in (self._held_until, self._first_at) if t is not None]
+        return max(known) if known else None
+
     def _deep(self) -> bool:
         """The listener holds a deep chunk's worth of audio (``ChunkConfig.
-        deep_chunk_frames``): it plays this segment's audio from when it has
-        played what it held before (``held_s``) or from the segment's first
-        audio, whichever is later, without a pause."""
+        deep_chunk_frames``) beyond what this segment has emitted so far."""
         need = self._planner.deep_buffer_samples
-        known = [t for t in (self._held_until, self._first_at) if t is not None]
-        if not need or not known:
+        start = self._plays_from()
+        if not need or start is None:
             return False
-        queued_s = (max(known) + self.emitted_samples / self._sample_rate
-                    - self._batcher.clock())
+        queued_s = start + self.emitted_samples / self._sample_rate - self._batcher.clock()
         return queued_s * self._sample_rate >= need
 
     def _enter(self) -> None:
@@ -167,14 +174,17 @@ class PlannedStream(ABC, Generic[W]):
         windows = [self._window(self._history.window(j.start_frame, j.end_frame), j.start_frame)
                    for j in jobs]
         self._history.drop_before(self._planner.first_needed_frame())
-        # a listener who started playing at the first audio has heard all sent so
-        # far (every sample before this decode's first) by then
-        deadline = (None if self._first_at is None
-                    else self._first_at + jobs[0].emit_start / self._sample_rate)
+        # the listener has played everything before this decode's first sample by then
+        start = self._plays_from()
+        deadline = None if start is None else start + jobs[0].emit_start / self._sample_rate
+        # a segment whose listener holds HOLD_AFTER_S of audio before this decode
+        # (from earlier segments) is not in a hurry, its first decode included:
+        # the first lane is left to contexts' first audio
+        ahead = deadline is not None and deadline - self._batcher.clock() >= HOLD_AFTER_S
         try:
             audio = await self._batcher.decode(
-                windows, urgent=jobs[0].index == 0,
-                may_wait=jobs[0].emit_start >= HOLD_AFTER_S * self._sample_rate,
+                windows, urgent=jobs[0].index == 0 and not ahead,
+                may_wait=ahead or jobs[0].emit_start >= HOLD_AFTER_S * self._sample_rate,
                 deadline=deadline)
         except BaseException:
             self.close()  # the schedule moved on without this audio: unusable

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
+from rtserver.vocoder.chunking import ChunkConfig
+from rtserver.vocoder.planned_stream import PlannedStream
 from rtserver.voices.orpheus.snac_model import CodeWindow
 from tests.unit.test_vocoder_first_lane import GatedDecoder, window
 
@@ -192,3 +194,54 @@ async def test_a_streams_deadline_is_its_first_audio_plus_what_it_emitted() -> N
         emitted += sum(len(c.samples) for c in chunks)
         rec.now += 0.03
     assert emitted == 4 * spf
+
+
+class _RecordingBatcher:
+    """The batcher's ``decode`` as a stream calls it: records each call's
+    urgency, may-wait and deadline, and decodes every window to zeros."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.calls: list[tuple[bool, bool, float | None]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def decode(self, windows: Any, *, urgent: bool = False, may_wait: bool = False,
+                     deadline: float | None = None) -> list[np.ndarray]:
+        self.calls.append((urgent, may_wait, deadline))
+        return [np.zeros(w.n_frames * 2048, np.float32) for w in windows]
+
+
+class _Frames(PlannedStream[CodeWindow]):
+    def _check(self, x: Any) -> np.ndarray:
+        return np.asarray(x, dtype=np.int64)
+
+    def _window(self, frames: np.ndarray, start_frame: int) -> CodeWindow:
+        return CodeWindow(frames, start_frame)
+
+
+@pytest.mark.parametrize(("held_s", "first_urgent"), [(None, True), (0.3, True), (2.0, False)])
+def test_a_segment_whose_listener_holds_audio_is_not_urgent(held_s: float | None,
+                                                             first_urgent: bool) -> None:
+    """A context's later segment whose listener still holds HOLD_AFTER_S of
+    earlier audio leaves the first lane to contexts' first audio: its first
+    decode is neither urgent nor unholdable, and its deadline is when that
+    audio runs out; without it (or with less) the first decode is urgent."""
+    batcher = _RecordingBatcher()
+    stream = _Frames(batcher, ChunkConfig(), samples_per_frame=2048,  # type: ignore[arg-type]
+                     sample_rate=24000, width=7, dtype=np.int64, held_s=held_s)
+
+    async def go() -> None:
+        for _ in range(6):
+            await stream.push(np.zeros((1, 7), np.int64))
+            batcher.now += 2048 / 24000  # generated at real time
+
+    asyncio.run(go())
+    urgent, may_wait, deadline = batcher.calls[0]
+    assert urgent == first_urgent and may_wait == (not first_urgent)
+    if held_s is None:
+        assert deadline is None  # nothing known of the listener yet
+    else:
+        assert deadline == pytest.approx(held_s)  # its earlier audio runs out then
+    assert not any(u for u, _, _ in batcher.calls[1:])  # later decodes never are
