@@ -78,10 +78,8 @@ class VoiceStats:
         """A segment of this voice completed, or one in flight made enough
         audio to have a rate, or another process measured its engine (before:
         ``rtf_estimate`` is ``default_rtf``)."""
-        return self._measured_here() or self.rtf_elsewhere() is not None
-
-    def _measured_here(self) -> bool:
-        return self.rtf.count > 0 or self.live.percentile(0.5) is not None
+        return (self.rtf.count > 0 or self.live.percentile(0.5) is not None
+                or self.rtf_elsewhere() is not None)
 
     def rtf_estimate(self, q: float, now: float, *, extra_load: int = 0) -> float:
         """The r to plan with: the ``q``-quantile of recent completed segments
@@ -92,13 +90,13 @@ class VoiceStats:
         (a front end's first contexts on a GPU worker that others have fed
         planned with r 0.5 while it ran at 0.32, and heard their first audio
         after 250 ms instead of ~70: bench/results/h100-2026-12-05-s15)."""
-        if not self._measured_here():
+        live = self.live.percentile(q)
+        if self.rtf.count == 0 and live is None:
             shared = self.rtf_elsewhere()
             if shared is not None:
                 return shared
         done = self.rtf.percentile(q, now, load=self.load.active + extra_load,
                                    parallel=self.parallel)
-        live = self.live.percentile(q)
         return done if live is None else max(done, live)
 
     def observe_segment(self, chars: int, audio_ms: float, gen_s: float, now: float) -> None:

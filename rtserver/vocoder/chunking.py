@@ -226,7 +226,7 @@ class ChunkPlanner:
         deep = deep and cfg.deep_chunk_frames > 0
         most = cfg.deep_chunk_frames if deep else cfg.max_chunk_frames
         while True:
-            target = max(cfg.chunk_frames(self._jobs), most if deep else 0) * f
+            target = (most if deep else cfg.chunk_frames(self._jobs)) * f
             cap = self._emitted + most * f
             b_need = math.ceil((self._emitted + target + margin) / f)
             if b_need > self._frames:

@@ -155,8 +155,10 @@ class PlannedStream(ABC, Generic[W]):
         """The listener holds a deep chunk's worth of audio (``ChunkConfig.
         deep_chunk_frames``) beyond what this segment has emitted so far."""
         need = self._planner.deep_buffer_samples
+        if not need:  # off (the default): nothing to work out on every push
+            return False
         start = self._plays_from()
-        if not need or start is None:
+        if start is None:
             return False
         queued_s = start + self.emitted_samples / self._sample_rate - self._batcher.clock()
         return queued_s * self._sample_rate >= need

@@ -158,6 +158,11 @@ class SynthesisRequest:
     # Speaking rate (1: the voice's own), within ``controls.speed_range``.
     speed: float = 1.0
 
+    def held_s(self) -> float | None:
+        """Seconds until ``deadline`` on ``clock``: the audio its listener still
+        holds from the context's earlier segments (None without a deadline)."""
+        return None if self.deadline is None else self.deadline - self.clock.now()
+
 
 MODEL_OUTPUT_MARK = "model_output"
 

@@ -312,33 +312,36 @@ class WorkerServer:
         """A request of ``family`` made ``audio_s`` of audio in ``gen_s`` (the
         worker never waits for a front end, so all of it is the GPU's), while
         it and the others held here ran."""
+        if audio_s <= 0:
+            return
         tracker = self.rates.get(family)
-        if tracker is None:
+        if tracker is None:  # a family outside ``capacity`` (as ``active`` allows)
             tracker = self.rates[family] = RtfTracker(self._hints)
-        if audio_s > 0:
-            tracker.observe(gen_s, audio_s, time.monotonic(), load=self.active.get(family, 0))
+        tracker.observe(gen_s, audio_s, time.monotonic(), load=self.active.get(family, 0))
 
     def rtf(self) -> dict[str, float]:
         """Per family with a request completed: the ``[hints] percentile`` of
-        its recent requests' r at the load held now (``RtfTracker.percentile``)."""
+        its recent requests' r at the load held now (``RtfTracker.percentile``);
+        kept as ``rtf_sent`` for /metrics, whose thread must not read the trackers."""
         now = time.monotonic()
         self.rtf_sent = {fam: t.percentile(now=now, load=self.active.get(fam, 0))
                          for fam, t in self.rates.items() if t.count}
         return self.rtf_sent
 
-    def _load_for(self, peer: bytes) -> m.Load:
+    def _load_for(self, peer: bytes, rtf: dict[str, float]) -> m.Load:
         return m.Load(epoch=self.epoch, active=dict(self.active), capacity=self.capacity,
                       starting=dict(self.starting),
-                      starting_yours=dict(self._starting_of.get(peer, {})), rtf=self.rtf())
+                      starting_yours=dict(self._starting_of.get(peer, {})), rtf=rtf)
 
     def _push_load(self) -> None:
         """Every front end heard from gets the load now (the starts changed)."""
         self._push = None
         if self._sock is None or self._sock.closed:
             return
+        rtf = self.rtf()  # once for every front end
         for peer in list(self._seen):
             try:
-                self._send(peer, self._load_for(peer))
+                self._send(peer, self._load_for(peer, rtf))
             except zmq.Again:
                 pass  # its queue is full: its next Ping's answer says it
             except PeerGone:
@@ -405,7 +408,7 @@ class WorkerServer:
             task.add_done_callback(self._admin_tasks.discard)
         elif isinstance(msg, m.Ping):
             with contextlib.suppress(zmq.Again, PeerGone):
-                self._send(peer, self._load_for(peer))
+                self._send(peer, self._load_for(peer, self.rtf()))
         else:  # Hello
             self._greeted.add(peer)
             with contextlib.suppress(zmq.Again, PeerGone):

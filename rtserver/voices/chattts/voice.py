@@ -314,9 +314,7 @@ class ChatTTSVoice:
             return
         eos = self._rt.eos_id
         hidden_route = treq.want_hidden
-        held_s = (None if request.deadline is None
-                  else request.deadline - request.clock.now())  # the listener's audio before it
-        stream = self._rt.decoder.open_stream(held_s=held_s)
+        stream = self._rt.decoder.open_stream(held_s=request.held_s())
         try:
             steps = self._rt.engine.generate(treq)
             async with contextlib.aclosing(steps):  # type: ignore[type-var]

@@ -470,10 +470,8 @@ class OrpheusVoice:
         treq = self.token_request(request, max_tokens=max_tokens)
         frames = ot.FrameAssembler(ot.STOP_TOKEN_IDS,
                                    reslot=self._rt.config.wrong_slot == "reslot")
-        held_s = (None if request.deadline is None
-                  else request.deadline - request.clock.now())  # the listener's audio before it
-        stream: VocoderStream[SnacFrames] = self._rt.vocoder.open_stream(first=request.first,
-                                                                         held_s=held_s)
+        stream: VocoderStream[SnacFrames] = self._rt.vocoder.open_stream(
+            first=request.first, held_s=request.held_s())
         self._open += 1
         try:
             tokens = self._rt.engine.generate(treq)
