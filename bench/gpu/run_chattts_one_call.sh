@@ -4,7 +4,7 @@
 # profile (run_chattts_engine_ab.sh), then one GPU worker and 4 front ends: one user back to
 # back for SINGLE_S s, then LEVELS (default 64,128,256,384,512: issue 24's levels and 25's)
 # and a burst of BURST users at once (default 64) (run_chattts_worker_levels.sh), then with
-# time left a second worker with [gpu] gil_switch_ms = GIL_B (default 1) at LEVELS_B. Carry
+# time left and GIL_B set, a second worker with [gpu] gil_switch_ms = GIL_B at LEVELS_B. Carry
 # .gpu/srv2, .gpu/extra and the OLD_MODEL file (e.g. .gpu/ab); run
 #   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
 # $OUT: ab.log, env.txt, engine-{new,old}.json, fe.tgz and rest.tgz (the profile, run.log,
@@ -12,13 +12,15 @@
 # speed real, sound noise.
 T0=$(date +%s); export PYTHONUNBUFFERED=1
 OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv2}
-bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1
+# a machine that has the server's wheels already (e.g. the Orpheus runs' vLLM set) skips them
+[ -d /tmp/site/fastapi ] && [ -d /tmp/site/zmq ] && [ -d /tmp/site/opuslib ] \
+  || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
 ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
   --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
   PYTHONPATH=/tmp/site python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
 } > $OUT/env.txt 2>&1
-OUT=$OUT PROFILE=${PROFILE:-0} bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
+OUT=$OUT PROFILE=${PROFILE:-0} LEVELS=${ENGINE_LEVELS:-1x128,256x512} bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
 grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"
 OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} PYSPY_AT=${PYSPY_AT:-512} BURST=${BURST:-64} LEVELS=${LEVELS:-64,128,256,384,512} DURATION=${DURATION:-16} \
   STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
@@ -27,15 +29,15 @@ tail -25 $OUT/run.log
 tar czf $OUT/fe.tgz -C /tmp fe; gzip -f $OUT/worker-metrics.txt $OUT/gpu-util.txt
 # then, with time left, a fresh worker with a GIL switch interval of GIL_B ms at LEVELS_B (the
 # A/B of [gpu] gil_switch_ms, the default 5 against a short one) in $OUT/gil
-if [ $(( ${LIMIT:-585} - ($(date +%s) - T0) )) -ge 140 ]; then
+if [ -n "${GIL_B:-}" ] && [ $(( ${LIMIT:-585} - ($(date +%s) - T0) )) -ge 140 ]; then
   mkdir -p $OUT/gil
-  RTSERVER_GPU_GIL_SWITCH_MS=${GIL_B:-1} OUT=$OUT/gil FE=/tmp/fe-gil FRONTENDS=4 \
+  RTSERVER_GPU_GIL_SWITCH_MS=$GIL_B OUT=$OUT/gil FE=/tmp/fe-gil FRONTENDS=4 \
     LEVELS=${LEVELS_B:-384,512} DURATION=${DURATION:-16} STAGGER=${STAGGER:-8} \
     LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
     bash bench/gpu/run_chattts_worker_levels.sh > $OUT/gil/run.log 2>&1
   tail -6 $OUT/gil/run.log; gzip -f $OUT/gil/worker-metrics.txt $OUT/gil/gpu-util.txt
 else
-  echo "no time left for the gil_switch_ms pass"
+  echo "no gil_switch_ms pass (GIL_B unset or no time left)"
 fi
 # at most 8 files come back from a call (session 14 lost the profile and the worker metrics)
 (cd $OUT && tar czf rest.tgz --remove-files $(ls | grep -v -x -E 'ab.log|env.txt|fe.tgz|engine-(new|old).json'))

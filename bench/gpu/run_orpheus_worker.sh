@@ -3,7 +3,8 @@
 # click pybase16384 cffi pycparser py-spy soxr), one run call per part, this script last.
 # Orpheus through ONE GPU worker + 4 front ends (issue 24). After the 8 vLLM parts arrived.
 T0=$(date +%s)
-bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1
+# a machine that has the vLLM set in /tmp/site already (the last part's call installed it) skips it
+[ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 CK=/tmp/rnd3b
 python3 -m rtserver.voices.orpheus.layout $CK --shape 3b --weights audio-biased | tail -1
@@ -17,7 +18,7 @@ export RTSERVER_ADMISSION_CONNECTIONS_PER_MINUTE=0 RTSERVER_ADMISSION_CONTEXTS_P
 printf '[voice]\ndefault = "orpheus:tara"\n[gpu]\nmetrics_port = 9100\n%s\n' "${ORPH_EXTRA:-}" > /tmp/or.toml
 ( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $OUT/worker-metrics.txt ) & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $OUT/gpu-util.txt ) & N=$!
-CONFIG=/tmp/or.toml VOICE=orpheus:tara FRONTENDS=4 O=/tmp/fe T_START=$T0 LIMIT=590 \
+CONFIG=/tmp/or.toml VOICE=orpheus:tara FRONTENDS=4 O=/tmp/fe T_START=$T0 LIMIT=${LIMIT:-590} \
   LEVELS=${LEVELS:-1,64,128,192,256,320} DURATION=18 STAGGER=8 BURST=${BURST:-64} bash bench/gpu/run_frontends.sh
 kill $S $N 2>/dev/null
 for d in /tmp/fe/f*/; do sed -n '/^| streams/,/^$/p;/^| level/,/^$/p' $d/summary.md; done
