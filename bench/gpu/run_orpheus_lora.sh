@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200 (issue 29): TTFA and streams held with 8 LoRA adapters mixed, against the base alone.
 # Orpheus-3B shapes, random audio-biased weights; 8 random adapters of the real shapes (PEFT
-# layout, rank $RANK on q,k,v,o,gate,up,down: what Orpheus fine-tunes use). Speed real, sound noise.
+# layout, rank $RANK on MODULES: "all" q,k,v,o,gate,up,down, what Orpheus fine-tunes use, or
+# "attention" q,k,v,o). Speed real, sound noise.
 #
 # One phase per call (each starts a server: ~3 min with CUDA graphs on the H200):
 #   PH=base  the server as it runs today (LoRA off), every turn on orpheus:tara
@@ -26,13 +27,13 @@ LIMIT=${LIMIT:-585}
 left() { echo $(( LIMIT - ($(date +%s) - T_START) )); }
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:/tmp/site
 PH=${PH:?PH=base, lora or both}
-CKPT=${CKPT:-/tmp/rnd3b} LORA=${LORA:-/tmp/lora3b} SHAPE=${SHAPE:-3b} SNAC_SHAPE=${SNAC_SHAPE:-24khz}
-RANK=${RANK:-64} N=8 OUT=${OUT:?OUT: where the results go}
+RANK=${RANK:-64} MODULES=${MODULES:-all} N=8 OUT=${OUT:?OUT: where the results go}
+CKPT=${CKPT:-/tmp/rnd3b} LORA=${LORA:-/tmp/lora3b-r$RANK-$MODULES} SHAPE=${SHAPE:-3b} SNAC_SHAPE=${SNAC_SHAPE:-24khz}
 O=/tmp/lora-$PH; mkdir -p "$O" "$OUT"
 . bench/gpu/lib.sh; jit_restore  # compile caches of an earlier run, if carried (lib.sh)
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
   nproc; python3 -c "import sys, torch, vllm; print(sys.version.split()[0], torch.__version__, 'vllm', vllm.__version__)"
-  git log -1 --format='commit %H' 2>/dev/null; echo "PH=$PH RANK=$RANK SHAPE=$SHAPE"; } > "$O/env.txt" 2>&1
+  git log -1 --format='commit %H' 2>/dev/null; echo "PH=$PH RANK=$RANK MODULES=$MODULES SHAPE=$SHAPE"; } > "$O/env.txt" 2>&1
 cat "$O/env.txt"
 t=$(date +%s)
 if [ ! -f "$CKPT/model.safetensors" ]; then
@@ -41,7 +42,7 @@ if [ ! -f "$CKPT/model.safetensors" ]; then
 fi
 for i in $(seq 1 $N); do
   [ -f "$LORA/a$i/adapter_model.safetensors" ] || python3 -m rtserver.tools.layouts.lora \
-    "$LORA/a$i" --shape "$SHAPE" --rank "$RANK" --modules all --seed "$i" > /dev/null
+    "$LORA/a$i" --shape "$SHAPE" --rank "$RANK" --modules "$MODULES" --seed "$i" > /dev/null
 done
 echo "checkpoints ready in $(( $(date +%s) - t )) s; $(du -sh "$LORA" | cut -f1) of adapters"
 
@@ -66,7 +67,7 @@ if [ "$PH" != base ]; then
   export RTSERVER_ORPHEUS_MAX_LORA_RANK=$RANK RTSERVER_ORPHEUS_MAX_ADAPTERS=$N
 fi
 NOTE1="H200, Orpheus-3B shapes, random audio-biased weights: speed real, sound noise"
-NOTE2="PH=$PH: $([ $PH = lora ] && echo "$N LoRA adapters (rank $RANK, all linear layers, random) mixed, one drawn per turn" || echo "base voice only$([ $PH = both ] && echo ", LoRA on with $N adapters loaded")")"
+NOTE2="PH=$PH: $([ $PH = lora ] && echo "$N LoRA adapters (rank $RANK, $MODULES linear layers, random) mixed, one drawn per turn" || echo "base voice only$([ $PH = both ] && echo ", LoRA on with $N adapters loaded")")"
 if [ "$PH" = pair ]; then
   # one server (LoRA on, 8 adapters loaded), two runs on it: the base voice, then the 8
   # adapters mixed; the same texts in the same order, on the same engine start
@@ -78,7 +79,7 @@ if [ "$PH" = pair ]; then
     timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --url ws://127.0.0.1:8765/v1/stream \
       --voice orpheus:tara --voices "${V%,}" --load stream --fragment token --tokens-per-s 40 \
       --tags numbers,abbreviations --ttfa-p99-ms 120 --no-plots --note "$NOTE1" \
-      --note "PH=pair, run $run: LoRA on with $N adapters loaded (rank $RANK, all linear layers, random); $([ $run = lora ] && echo "the $N adapters mixed, one drawn per turn" || echo "every turn on the base voice")" \
+      --note "PH=pair, run $run: LoRA on with $N adapters loaded (rank $RANK, $MODULES linear layers, random); $([ $run = lora ] && echo "the $N adapters mixed, one drawn per turn" || echo "every turn on the base voice")" \
       --concurrency "${LEVELS:-1,8,32,64,128}" --duration "${DURATION:-18}" \
       --stagger-s "${STAGGER:-8}" --warmup 1 --out "$O/$run" 2>&1 | tail -30 | tee "$O/bench-$run.log"
   done
