@@ -17,7 +17,7 @@
 #
 #   T_START=$(date +%s) PH=base bash bench/gpu/run_orpheus_lora.sh   # then PH=lora, PH=both
 #
-# Each call tars its results to $OUT/lora-$PH.tgz; the summary.md of each run has TTFA
+# Each call tars its results to $OUT/lora-$PH-r$RANK-$MODULES.tgz; the summary.md of each run has TTFA
 # p50/p99 and underruns per level. Dry run on a CPU with the tiny shapes (one level, 1 stream):
 #   SHAPE=tiny SNAC_SHAPE=tiny RANK=8 DEVICE=cpu LEVELS=1 DURATION=6 STAGGER=0 \
 #     CKPT=/tmp/x LORA=/tmp/xl OUT=/tmp/o EAGER=1 PH=lora bash bench/gpu/run_orpheus_lora.sh
@@ -29,7 +29,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.:/tmp/site
 PH=${PH:?PH=base, lora or both}
 RANK=${RANK:-64} MODULES=${MODULES:-all} N=8 OUT=${OUT:?OUT: where the results go}
 CKPT=${CKPT:-/tmp/rnd3b} LORA=${LORA:-/tmp/lora3b-r$RANK-$MODULES} SHAPE=${SHAPE:-3b} SNAC_SHAPE=${SNAC_SHAPE:-24khz}
-O=/tmp/lora-$PH; mkdir -p "$O" "$OUT"
+TAG=lora-$PH-r$RANK-$MODULES; O=/tmp/$TAG; mkdir -p "$O" "$OUT"
 . bench/gpu/lib.sh; jit_restore  # compile caches of an earlier run, if carried (lib.sh)
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
   nproc; python3 -c "import sys, torch, vllm; print(sys.version.split()[0], torch.__version__, 'vllm', vllm.__version__)"
@@ -84,7 +84,7 @@ if [ "$PH" = pair ]; then
       --stagger-s "${STAGGER:-8}" --warmup 1 --out "$O/$run" 2>&1 | tail -30 | tee "$O/bench-$run.log"
   done
   kill -TERM $SRV; wait $SRV
-  tar czf "$OUT/lora-$PH.tgz" -C /tmp "lora-$PH"
+  tar czf "$OUT/$TAG.tgz" -C /tmp "$TAG"
   echo "done (left $(left) s)"
   exit 0
 fi
@@ -95,5 +95,5 @@ timeout $(( $(left) - 15 )) python3 -m rtserver.tools.bench --voice orpheus:tara
   --duration "${DURATION:-18}" --stagger-s "${STAGGER:-8}" --warmup 0 --out "$O/run" 2>&1 \
   | tail -60 | tee "$O/bench.log"
 jit_save "$OUT"
-tar czf "$OUT/lora-$PH.tgz" -C /tmp "lora-$PH"
+tar czf "$OUT/$TAG.tgz" -C /tmp "$TAG"
 echo "done (left $(left) s)"
