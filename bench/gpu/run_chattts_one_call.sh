@@ -22,6 +22,15 @@ ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no
 } > $OUT/env.txt 2>&1
 OUT=$OUT PROFILE=${PROFILE:-0} LEVELS=${ENGINE_LEVELS:-1x128,256x512} bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
 grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"
+# SPY_ENGINE=1: the engine alone at 256 rows for ~1,400 steps under py-spy with native frames
+# (spy-engine-256.txt, raw folded stacks a thread): is the step loop's launch phase host work,
+# or the driver waiting for room to queue the next step behind the running one?
+if [ "${SPY_ENGINE:-0}" = 1 ] && [ -x /tmp/site/bin/py-spy ]; then
+  PYTHONPATH=.:/tmp/site timeout 150 /tmp/site/bin/py-spy record --native --threads -r 100 -f raw \
+    -o $OUT/spy-engine-256.txt -- python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt /tmp/ck \
+    --slots 512 --max-len 1536 --levels 256x1400 --out $OUT/engine-spy.json > $OUT/spy-engine.log 2>&1
+  echo "engine under py-spy: rc $? ($(( $(date +%s) - T0 )) s)"
+fi
 OUT=$OUT FRONTENDS=4 SINGLE_S=${SINGLE_S:-20} PYSPY_AT=${PYSPY_AT:-512} BURST=${BURST:-64} LEVELS=${LEVELS:-64,128,256,384,512} DURATION=${DURATION:-16} \
   STAGGER=${STAGGER:-8} LIMIT=$(( ${LIMIT:-585} - ($(date +%s) - T0) )) \
   bash bench/gpu/run_chattts_worker_levels.sh > $OUT/run.log 2>&1
