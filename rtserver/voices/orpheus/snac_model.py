@@ -595,7 +595,6 @@ class SnacDecoder:
         with torch.cuda.graph(g.graph, pool=lane.pool, stream=lane.capture_stream,
                               capture_error_mode="thread_local"):
             g.out = self._forward(g.codes, g.lengths, g.offsets)
-        g.graph.replay()  # its first launch uploads it (cudaGraphUpload): here, not under traffic
         return g
 
     def _replay(self, lane: _Lane, g: _Graph, windows: Sequence[CodeWindow]

@@ -273,7 +273,6 @@ class ChatTTSWindowDecoder:
         with torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream,
                               capture_error_mode="thread_local"):
             g.out = self.forward(x, lengths)
-        g.graph.replay()  # its first launch uploads it (cudaGraphUpload): here, not under traffic
         return g
 
     def _replay(self, g: _Graph, windows: Sequence[StepWindow]) -> list[FloatArray]:

@@ -384,13 +384,6 @@ class ModelRunner:
             with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
                 self._prefill(rb, tb, n)
             self._prefill_graphs[(rb, tb, n)] = g
-        # each graph replayed once now: a graph's first launch also uploads it to the
-        # device (CUDA runtime API, cudaGraphUpload: "if the graph is not uploaded
-        # before being launched, launching it will perform an implicit upload"), host
-        # work that would otherwise land on the step that first needs its shape
-        with torch.cuda.stream(stream):
-            for g in (*self._decode_graphs.values(), *self._prefill_graphs.values()):
-                g.replay()
         torch.cuda.synchronize()
         self.reset()
         torch.cuda.synchronize()
