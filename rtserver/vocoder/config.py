@@ -58,7 +58,8 @@ class VocoderConfig:
     dtype: str = "float32"
     # The decode through torch.compile (fused pointwise work, depthwise
     # convolutions as fused shifted sums; graphs captured over it): a start-up
-    # compile for less GPU time per window. Off until measured on a GPU.
+    # compile for less GPU time per window. Off: on an H100 the compiled SNAC's
+    # warm-up and graphs took 3.7 minutes (bench/results/h100-2026-12-05-s17).
     compile: bool = False
     # CUDA: the batched calls on a stream of their own (the first lane has its
     # own already); for a vLLM engine in the same process, whose default-stream
