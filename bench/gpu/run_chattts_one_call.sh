@@ -25,6 +25,7 @@ grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - 
 # SPY_ENGINE=1: the engine alone at 256 rows for ~1,400 steps under py-spy with native frames
 # (spy-engine-256.txt, raw folded stacks a thread): is the step loop's launch phase host work,
 # or the driver waiting for room to queue the next step behind the running one?
+chmod +x /tmp/site/bin/py-spy 2>/dev/null  # pip --target may leave the wheel's binary without it
 if [ "${SPY_ENGINE:-0}" = 1 ] && [ -x /tmp/site/bin/py-spy ]; then
   PYTHONPATH=.:/tmp/site timeout 150 /tmp/site/bin/py-spy record --native --threads -r 100 -f raw \
     -o $OUT/spy-engine-256.txt -- python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt /tmp/ck \
