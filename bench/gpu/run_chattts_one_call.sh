@@ -19,6 +19,7 @@ ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no
   --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
   PYTHONPATH=/tmp/site python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
+  ls -la /tmp/site/bin/py-spy
 } > $OUT/env.txt 2>&1
 OUT=$OUT PROFILE=${PROFILE:-0} LEVELS=${ENGINE_LEVELS:-1x128,256x512} bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
 grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"
