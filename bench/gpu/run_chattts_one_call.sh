@@ -15,8 +15,13 @@ OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv2}
 # a machine that has the server's wheels already (e.g. the Orpheus runs' vLLM set) skips them
 [ -d /tmp/site/fastapi ] && [ -d /tmp/site/zmq ] && [ -d /tmp/site/opuslib ] \
   || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
+# extra wheels: pip --target --upgrade replaces /tmp/site/bin with theirs (fastapi's CLI), which
+# took py-spy away in session 17, so py-spy is kept aside and put back
+cp /tmp/site/bin/py-spy /tmp/py-spy.keep 2>/dev/null
 ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
   --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
+[ -f /tmp/py-spy.keep ] && [ ! -e /tmp/site/bin/py-spy ] && mkdir -p /tmp/site/bin \
+  && cp /tmp/py-spy.keep /tmp/site/bin/py-spy
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
   PYTHONPATH=/tmp/site python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
   ls -la /tmp/site/bin/py-spy
@@ -26,7 +31,6 @@ grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - 
 # SPY_ENGINE=1: the engine alone at 256 rows for ~1,400 steps under py-spy with native frames
 # (spy-engine-256.txt, raw folded stacks a thread): is the step loop's launch phase host work,
 # or the driver waiting for room to queue the next step behind the running one?
-chmod +x /tmp/site/bin/py-spy 2>/dev/null  # pip --target may leave the wheel's binary without it
 if [ "${SPY_ENGINE:-0}" = 1 ] && [ -x /tmp/site/bin/py-spy ]; then
   PYTHONPATH=.:/tmp/site timeout 150 /tmp/site/bin/py-spy record --native --threads -r 100 -f raw \
     -o $OUT/spy-engine-256.txt -- python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt /tmp/ck \

@@ -50,7 +50,6 @@ for F in ${FRONTENDS:-1 2 4 8}; do
       --note "$F front-end process(es), one GPU worker, one user back to back" --out "$O/f$F-single" 2>&1 | tail -3
   fi
   SPY=""
-  chmod +x /tmp/site/bin/py-spy 2>/dev/null  # pip --target may leave the binary without it
   if [ -n "${PYSPY_AT:-}" ] && [ -x /tmp/site/bin/py-spy ]; then
     # once level PYSPY_AT has run STAGGER + 2 s (every user joined): the worker and front end 0
     # sampled for 6 s (non-blocking), raw folded stacks with threads in $O/logs
