@@ -18,7 +18,10 @@ per step through ``loop.call_soon_threadsafe``. Each turn of the loop:
 3. waits for the *previous* step's copy (the step's one host sync, while the
    GPU runs this one: vLLM's async scheduling) and hands each request its
    codes: its first ``eager_steps`` steps one by one (the first audio waits
-   on them), later ones in blocks of ``stream_interval``.
+   on them), later ones in blocks of ``stream_interval``. They reach the event
+   loop after the next turn's launch, just before its wait: the loop's thread
+   then takes them (and the GIL) while this one waits on the GPU, not in the
+   middle of a launch, whose every torch call lets go of the GIL.
 
 A request ends at a stop id or EOS in any codebook (upstream ChatTTS), at its
 step budget, or at the end of its slot; the device flags it, and the request
@@ -490,6 +493,8 @@ class TorchCodeEngine:
         c = self.counters_
         store = runner.store is not None
         prev: Record | None = None
+        # the last read's hand-overs, posted after the next launch (``_post_held``)
+        held: tuple[list[_Event], Batch | None] = ([], None)
         try:
             with stream:
                 while not self._stop:
@@ -523,6 +528,11 @@ class TorchCodeEngine:
                     text = self._text is not None and self._text.busy
                     if text:
                         self._text_turn()
+                    # the last read's hand-overs go out now, after this launch and
+                    # before the wait: the event loop's thread takes them (and the
+                    # GIL) while this one waits on the GPU, instead of in the middle
+                    # of the launch, whose every torch call lets go of the GIL
+                    held = self._post_held(held, out, ph)
                     waited = cpu_waited = 0.0
                     if prev is not None:
                         tw, cw = time.perf_counter(), time.thread_time()
@@ -531,18 +541,17 @@ class TorchCodeEngine:
                         waited, cpu_waited = tr - tw, cr - cw  # CUDA spins in the wait
                         c.wait_s += waited
                         c.syncs += 1
-                        self._read(prev, out)
+                        read: list[_Event] = []
+                        self._read(prev, read)
+                        held = (read, self._batch)
+                        self._batch = None
                         ph[2] += time.perf_counter() - tr
                         ph[3] += time.thread_time() - cr
                     prev = rec
                     self._running = sched.running
                     self._n_waiting = sched.waiting
-                    batch, self._batch = self._batch, None
-                    if out or batch is not None:
-                        tp, cp = time.perf_counter(), time.thread_time()
-                        self._post(out, batch)
-                        ph[4] += time.perf_counter() - tp
-                        ph[5] += time.thread_time() - cp
+                    if prev is None:  # nothing in flight: no launch comes to post after
+                        held = self._post_held(held, [], ph)
                     if rec is not None:
                         c.count(rec.plan, time.perf_counter() - t0 - waited,
                                 time.thread_time() - cpu0 - cpu_waited, ph)
@@ -550,15 +559,30 @@ class TorchCodeEngine:
                         self._drained.set()
                         self._wake.wait(0.05)
                         self._wake.clear()
+            self._post_held(held, [], [0.0] * 6)
         except BaseException as exc:  # a bug in the loop itself: fail everything
             log.exception("torch engine loop died")
             self._dead = exc
             err = EngineDead(f"the torch engine's loop died: {type(exc).__name__}: {exc}")
-            self._post([(rid, None, None, True, err) for rid in list(self._streams)])
+            self._post([*held[0], *((rid, None, None, True, err) for rid in list(self._streams))],
+                       held[1])
             if self._text_futs and self._loop is not None and not self._loop.is_closed():
                 results: list[TextResult] = [(rid, None, err) for rid in list(self._text_futs)]
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._resolve_text, results)
+
+    def _post_held(self, held: tuple[list[_Event], Batch | None], out: list[_Event],
+                   ph: list[float]) -> tuple[list[_Event], Batch | None]:
+        """Post ``held`` (a read's events and batch) then ``out`` (this turn's
+        failures, which follow the deltas of the same requests); returns the
+        empty hold."""
+        events, batch = held
+        if events or out or batch is not None:
+            tp, cp = time.perf_counter(), time.thread_time()
+            self._post([*events, *out] if out else events, batch)
+            ph[4] += time.perf_counter() - tp
+            ph[5] += time.thread_time() - cp
+        return ([], None)
 
     def _inputs(self, seq: Seq) -> PrefillInputs:
         req: _Req = seq.payload
