@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ChatTTS engine alone (issue 25), this tree against a tree whose GPT forward is OLD_MODEL
 # (a copy of rtserver/voices/chattts/engine/model.py from an earlier commit, carried beside the
-# tree, e.g. .gpu/ab/model.py), on one machine in one call; then this tree's step loop under
+# tree, e.g. .gpu/ab/model.py) or whose files under OLD_TREE replace this tree's (e.g. the step
+# loop of an earlier commit), on one machine in one call; then this tree's step loop under
 # cProfile at 256 rows (the per-step host floor split by function). Random weights of the real
 # shapes (`gpu_chattts prepare`). Needs torch and the server's wheels in /tmp/site. Each tree
 # also writes the device kernels of one request alone (kernels-{new,old}.txt): session 14 saw
@@ -12,14 +13,17 @@ T0=$(date +%s); export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 OUT=${OUT:?OUT: where the results go}; LEVELS=${LEVELS:-1x128,256x512}
 CK=${CK:-/tmp/ck}; [ -d $CK/asset ] || PYTHONPATH=.:/tmp/site python3 -m rtserver.tools.bench.gpu_chattts \
   prepare --ckpt $CK 2>&1 | tail -1
-if [ -n "${OLD_MODEL:-}" ]; then  # the old tree: this one with the old forward
+if [ -n "${OLD_MODEL:-}${OLD_TREE:-}" ]; then  # the old tree: this one with the old files
   rm -rf /tmp/ab-old && mkdir -p /tmp/ab-old && cp -r rtserver /tmp/ab-old/
-  cp "$OLD_MODEL" /tmp/ab-old/rtserver/voices/chattts/engine/model.py
+  [ -n "${OLD_MODEL:-}" ] && cp "$OLD_MODEL" /tmp/ab-old/rtserver/voices/chattts/engine/model.py
+  # OLD_TREE: a folder of files at their paths in the repository (e.g. .gpu/ab/rtserver/...),
+  # laid over the copy: `git show REV:PATH > .gpu/ab/PATH` for each file to put back
+  [ -n "${OLD_TREE:-}" ] && cp -r "$OLD_TREE"/rtserver /tmp/ab-old/
 fi
 E="python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt $CK --slots ${SLOTS:-512} --max-len 1536 --device ${DEVICE:-cuda}"
 for tree in new old; do
   root=.; [ $tree = old ] && root=/tmp/ab-old
-  [ $tree = old ] && [ -z "${OLD_MODEL:-}" ] && continue
+  [ $tree = old ] && [ -z "${OLD_MODEL:-}${OLD_TREE:-}" ] && continue
   PYTHONPATH=$root:/tmp/site timeout 150 $E --levels $LEVELS --out $OUT/engine-$tree.json \
     --kernels $OUT/kernels-$tree.txt > $OUT/engine-$tree.log 2>&1
   echo "engine, $tree: rc $? ($(( $(date +%s) - T0 )) s)"

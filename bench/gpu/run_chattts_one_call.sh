@@ -7,6 +7,8 @@
 # time left and GIL_B set, a second worker with [gpu] gil_switch_ms = GIL_B at LEVELS_B. Carry
 # .gpu/srv2, .gpu/extra and the OLD_MODEL file (e.g. .gpu/ab); run
 #   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
+# (or OLD_TREE=.gpu/ab-loop: files at their repository paths laid over the old tree, e.g. the
+# step loop before e07e96a: `git show e07e96a~1:rtserver/voices/chattts/engine/engine.py`)
 # $OUT: ab.log, env.txt, engine-{new,old}.json, fe.tgz and rest.tgz (the profile, run.log,
 # worker-metrics.txt.gz, gpu-util.txt.gz, the engine logs). Random weights of the real shapes:
 # speed real, sound noise.
