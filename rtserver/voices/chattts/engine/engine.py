@@ -159,7 +159,6 @@ class TorchCodeEngine:
         self._n_hidden = 0  # scheduled requests that want hidden states (thread-owned)
         self._ho: Handover | None = None  # what each running request is handed (thread-owned)
         self._ending: list[Seq] = []  # ended this turn, finished after the hand-over
-        self._batch: Batch | None = None  # this turn's hand-overs, posted with its events
         # stats (written by the thread; read by the loop: plain numbers, no locking needed)
         self.counters_ = StepCounters()
         self._running = 0
@@ -542,9 +541,7 @@ class TorchCodeEngine:
                         c.wait_s += waited
                         c.syncs += 1
                         read: list[_Event] = []
-                        self._read(prev, read)
-                        held = (read, self._batch)
-                        self._batch = None
+                        held = (read, self._read(prev, read))
                         ph[2] += time.perf_counter() - tr
                         ph[3] += time.thread_time() - cr
                     prev = rec
@@ -593,9 +590,10 @@ class TorchCodeEngine:
         assert self._ho is not None
         return self._ho
 
-    def _read(self, rec: Record, out: list[_Event]) -> None:
+    def _read(self, rec: Record, out: list[_Event]) -> Batch | None:
         """Hand each request its step of ``rec`` (already copied out); finish those
-        that ended."""
+        that ended. Returns the turn's hand-overs (None: nobody is handed any);
+        single events go to ``out``."""
         runner, ho = self.runner, self._handover
         vq, r = runner.vq, rec.ring
         ring = runner.np_ring_i[r]
@@ -612,13 +610,13 @@ class TorchCodeEngine:
             flags = ring[:b, vq]
             for i in ho.read_rows(hs, gs, r, flags):
                 self._step_of(rows[i], r, i, int(flags[i]), out)
-        self._batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0
-                               else None)
-        if self._batch is not None:
-            self._gen_tokens += self._batch.ends[-1]
+        batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0 else None)
+        if batch is not None:
+            self._gen_tokens += batch.ends[-1]
         for seq in self._ending:
             self._end(seq)
         self._ending.clear()
+        return batch
 
     def _stage_store(self, plan: Any) -> None:
         """Where each output row of ``plan``'s step goes in the hidden-state store."""
