@@ -30,3 +30,25 @@ jit_save() {
   ls -la "$1"/jit-*.tgz 2>/dev/null
   return 0
 }
+# server_wheels SRV: the server's staged wheels (SRV: a stage.sh folder, part 0) into /tmp/site,
+# unless a wheel set with the server's stack is there already (e.g. the Orpheus runs' vLLM
+# set); then any carried .gpu/extra/*.whl, once a machine, keeping py-spy (pip --target
+# --upgrade replaces /tmp/site/bin with the extras', which took py-spy away in session 17);
+# then libopus from a .deb beside the parts if the system lacks it.
+server_wheels() {
+  [ -d /tmp/site/fastapi ] && [ -d /tmp/site/zmq ] && [ -d /tmp/site/opuslib ] \
+    || { bash "$1"/recv.sh 0 >/dev/null && bash "$1"/install.sh | tail -1; }
+  if ls .gpu/extra/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.extras-installed ]; then
+    cp /tmp/site/bin/py-spy /tmp/py-spy.keep 2>/dev/null
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+      .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
+    [ -f /tmp/py-spy.keep ] && [ ! -e /tmp/site/bin/py-spy ] && mkdir -p /tmp/site/bin \
+      && cp /tmp/py-spy.keep /tmp/site/bin/py-spy
+    touch /tmp/site/.extras-installed
+  fi
+  if ! ldconfig -p | grep -q 'libopus\.so' && ls "$1"/libopus0_*.deb >/dev/null 2>&1; then
+    dpkg -x "$1"/libopus0_*.deb /tmp/libopus && cp -a /tmp/libopus/usr/lib/x86_64-linux-gnu/libopus.so.0* \
+      /usr/local/lib/ && ln -sf libopus.so.0 /usr/local/lib/libopus.so && ldconfig
+  fi
+  return 0
+}

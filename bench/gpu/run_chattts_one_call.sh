@@ -14,16 +14,7 @@
 # speed real, sound noise.
 T0=$(date +%s); export PYTHONUNBUFFERED=1
 OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv2}
-# a machine that has the server's wheels already (e.g. the Orpheus runs' vLLM set) skips them
-[ -d /tmp/site/fastapi ] && [ -d /tmp/site/zmq ] && [ -d /tmp/site/opuslib ] \
-  || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
-# extra wheels: pip --target --upgrade replaces /tmp/site/bin with theirs (fastapi's CLI), which
-# took py-spy away in session 17, so py-spy is kept aside and put back
-cp /tmp/site/bin/py-spy /tmp/py-spy.keep 2>/dev/null
-ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
-  --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
-[ -f /tmp/py-spy.keep ] && [ ! -e /tmp/site/bin/py-spy ] && mkdir -p /tmp/site/bin \
-  && cp /tmp/py-spy.keep /tmp/site/bin/py-spy
+. bench/gpu/lib.sh; server_wheels $SRV  # the server's wheels, extras and libopus (lib.sh)
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
   PYTHONPATH=/tmp/site python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
   ls -la /tmp/site/bin/py-spy

@@ -10,20 +10,7 @@
 # SRV: the staged folder (default .gpu/srv2); any .gpu/extra/*.whl and a libopus0 .deb beside
 # the parts are installed too (the server's FastAPI stack must be among the wheels).
 T0=$(date +%s); SRV=${SRV:-.gpu/srv2}
-# a machine that has the server's wheels already (e.g. the Orpheus runs' vLLM set) skips them
-[ -d /tmp/site/fastapi ] && [ -d /tmp/site/zmq ] && [ -d /tmp/site/opuslib ] \
-  || { bash $SRV/recv.sh 0 >/dev/null && bash $SRV/install.sh | tail -1; }
-# extra wheels: pip --target --upgrade replaces /tmp/site/bin with theirs (fastapi's CLI), which
-# took py-spy away in session 17, so py-spy is kept aside and put back
-cp /tmp/site/bin/py-spy /tmp/py-spy.keep 2>/dev/null
-ls .gpu/extra/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
-  --no-compile --upgrade --target /tmp/site .gpu/extra/*.whl 2>&1 | grep -v '^WARNING'
-[ -f /tmp/py-spy.keep ] && [ ! -e /tmp/site/bin/py-spy ] && mkdir -p /tmp/site/bin \
-  && cp /tmp/py-spy.keep /tmp/site/bin/py-spy
-if ! ldconfig -p | grep -q 'libopus\.so' && ls $SRV/libopus0_*.deb >/dev/null 2>&1; then
-  dpkg -x $SRV/libopus0_*.deb /tmp/libopus && cp -a /tmp/libopus/usr/lib/x86_64-linux-gnu/libopus.so.0* \
-    /usr/local/lib/ && ln -sf libopus.so.0 /usr/local/lib/libopus.so && ldconfig
-fi
+. bench/gpu/lib.sh; server_wheels $SRV  # the server's wheels, extras and libopus (lib.sh)
 python3 -c "import fastapi, opuslib, zmq; print('server deps ok')" 2>&1 | tail -1
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
