@@ -304,7 +304,10 @@ def test_vocoder_config_defaults_are_the_chunk_defaults() -> None:
         VocoderConfig(dtype="half")
     with pytest.raises(ValueError, match="first_max_chunk_frames"):
         VocoderConfig(first_max_chunk_frames=-1)
-    assert VocoderConfig(first_max_chunk_frames=0).first_chunk_config(F) == ChunkConfig()
+    assert VocoderConfig(first_max_chunk_frames=0,
+                         first_growth=0).first_chunk_config(F) == ChunkConfig()
+    with pytest.raises(ValueError, match="first_growth"):
+        VocoderConfig(first_growth=0.5)
 
 
 async def test_concurrent_streams_are_batched_and_exact(vocoder: SnacVocoder,
