@@ -11,8 +11,9 @@
 # the parts are installed too (the server's FastAPI stack must be among the wheels).
 T0=$(date +%s); SRV=${SRV:-.gpu/srv2}
 . bench/gpu/lib.sh; server_wheels $SRV  # the server's wheels, extras and libopus (lib.sh)
-python3 -c "import fastapi, opuslib, zmq; print('server deps ok')" 2>&1 | tail -1
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
+# the check needs /tmp/site on the path (above)
+python3 -c "import fastapi, opuslib, zmq; print('server deps ok')" 2>&1 | tail -1
 python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
 # the shared config, with CHATTTS_EXTRA (one `key = value` line) added to its [chattts] table
 sed "/^\[chattts\]/a ${CHATTTS_EXTRA:-# no extra}" bench/gpu/chattts_worker.toml > /tmp/ct.toml
