@@ -30,13 +30,14 @@ class VocoderConfig:
     # (``python -m rtserver.tools.measure.chunk_plans``). Later segments keep
     # ``max_chunk_frames``: by then the listener has audio queued.
     first_max_chunk_frames: int = 6
-    # ... and grow by this factor (0: ``growth``). The server's hint model
-    # (``measure.chunk_plans --max-chunk-frames 6 --growth 1.5``, then 2): 1.5
-    # gives the same decoder work on a 24-frame first segment (1.88 frames per
-    # frame) and a first hint of 72 against 258 ms at r 0.6 (first heard 256
-    # against 461 ms), the same at r 0.5, 0.7 and 0.85: each chunk is ready
-    # before the audio ahead of it runs out over a wider range of r.
-    first_growth: float = 1.5
+    # ... and grow by this factor (0: ``growth``). By the server's hint model
+    # (``measure.chunk_plans --max-chunk-frames 6 --growth 1.5``, then 2) 1.5
+    # gives a first hint of 72 instead of 258 ms at r 0.6 for the same decoder
+    # frames; measured on one H100 at 128 Orpheus streams (r 0.86-0.89, where
+    # the model expects no gain) 1.5 against 2: first heard p50/p99 525/1,022
+    # against 552/1,057 ms, 40 of 255 contexts underran against 17 of 252
+    # (bench/results/h100-2026-12-06-s18). Off until measured where r is 0.5-0.7.
+    first_growth: float = 0.0
     context_samples: int = SNAC24_EXACT_SUPPORT
     first_lookahead_samples: int = 1024
     lookahead_samples: int = SNAC24_EXACT_SUPPORT

@@ -35,14 +35,16 @@ def test_the_default_row_is_the_servers_plan() -> None:
 
 
 def test_the_first_segments_growth_starts_the_listener_sooner_for_the_same_work() -> None:
-    """The first segment's plan (``first_growth`` 1.5 against doubling, both
-    capped at ``first_max_chunk_frames``): never a later first hearing at any r,
-    a sooner one at r 0.6, and no more decoder work over a 24-frame segment."""
-    config = VocoderConfig()
+    """The first segment's plan with ``first_growth`` 1.5 against doubling (the
+    default, 0: ``growth``), both capped at ``first_max_chunk_frames``: never a
+    later first hearing at any r, a sooner one at r 0.6, and no more decoder
+    work over a 24-frame segment (by the model; see ``VocoderConfig``)."""
+    config = VocoderConfig(first_growth=1.5)
     first = config.first_chunk_config(ot.SAMPLES_PER_FRAME)
-    assert first.growth == config.first_growth == 1.5
+    assert first.growth == 1.5
     assert first.max_chunk_frames == config.first_max_chunk_frames
-    doubling = VocoderConfig(first_growth=2.0).first_chunk_config(ot.SAMPLES_PER_FRAME)
+    doubling = VocoderConfig().first_chunk_config(ot.SAMPLES_PER_FRAME)
+    assert doubling.growth == VocoderConfig().growth == 2.0
     heard = {}
     for name, plan_config in (("first", first), ("doubling", doubling)):
         plan, cost = chunk_timing(plan_config, ot.SAMPLE_RATE, FRAME_MS)
