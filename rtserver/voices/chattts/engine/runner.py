@@ -263,9 +263,15 @@ class ModelRunner:
         rec = Record(number=self._turn, plan=plan, ring=self._turn % self.cfg.ring,
                      hidden=want_hidden, launched=time.perf_counter())
         self._turn += 1
+        stream = None
         if self._events:
             rec.start_event, rec.done_event = self._events[rec.ring]
-            rec.start_event.record()
+            # the model's device named: Event.record() with no stream asks
+            # torch.cuda.current_stream(), whose device lookup runs is_available ->
+            # getenv on every call (py-spy at 256 rows on an H100: 16 of the launch's
+            # 39 samples in the record; bench/results/h100-2026-12-06-s18)
+            stream = torch.cuda.current_stream(self.device)
+            rec.start_event.record(stream)
         if plan.moves:
             m = len(plan.moves)
             mv = self.np_mv[k]
@@ -309,7 +315,7 @@ class ModelRunner:
             if to_ring:
                 self.ring_h[r, p0:p0 + n].copy_(self.out_h[p0:p0 + n], non_blocking=True)
         if rec.done_event is not None:
-            rec.done_event.record()
+            rec.done_event.record(stream)
         return rec
 
     def _stage_prefill(self, plan: Plan, k: int, fill: Any) -> None:
