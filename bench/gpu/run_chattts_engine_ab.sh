@@ -9,6 +9,8 @@
 # the same GPU time a step with 200 fewer ops, and the tables show which kernels the step
 # spends it in.
 #   OLD_MODEL=.gpu/ab/model.py OUT=$OUT bash bench/gpu/run_chattts_engine_ab.sh
+# Or this tree twice, the second run with B_ARGS added (engine-b.json; e.g. B_ARGS=--hidden-store:
+# hidden states in the device store against copied to the host). ENGINE_ARGS go to every run.
 T0=$(date +%s); export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 OUT=${OUT:?OUT: where the results go}; LEVELS=${LEVELS:-1x128,256x512}
 CK=${CK:-/tmp/ck}; [ -d $CK/asset ] || PYTHONPATH=.:/tmp/site python3 -m rtserver.tools.bench.gpu_chattts \
@@ -21,10 +23,12 @@ if [ -n "${OLD_MODEL:-}${OLD_TREE:-}" ]; then  # the old tree: this one with the
   [ -n "${OLD_TREE:-}" ] && cp -r "$OLD_TREE"/rtserver /tmp/ab-old/
 fi
 E="python3 -m rtserver.tools.bench.gpu_chattts_engine --ckpt $CK --slots ${SLOTS:-512} --max-len 1536 --device ${DEVICE:-cuda}"
-for tree in new old; do
-  root=.; [ $tree = old ] && root=/tmp/ab-old
+for tree in new old b; do
+  root=.; args=${ENGINE_ARGS:-}
+  [ $tree = old ] && root=/tmp/ab-old
   [ $tree = old ] && [ -z "${OLD_MODEL:-}${OLD_TREE:-}" ] && continue
-  PYTHONPATH=$root:/tmp/site timeout 150 $E --levels $LEVELS --out $OUT/engine-$tree.json \
+  [ $tree = b ] && { [ -n "${B_ARGS:-}" ] || continue; args="$args $B_ARGS"; }
+  PYTHONPATH=$root:/tmp/site timeout 150 $E $args --levels $LEVELS --out $OUT/engine-$tree.json \
     --kernels $OUT/kernels-$tree.txt > $OUT/engine-$tree.log 2>&1
   echo "engine, $tree: rc $? ($(( $(date +%s) - T0 )) s)"
   python3 -c "

@@ -9,7 +9,9 @@
 #   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
 # (or OLD_TREE=.gpu/ab-loop: files at their repository paths laid over the old tree, e.g. the
 # step loop before e07e96a: `git show e07e96a~1:rtserver/voices/chattts/engine/engine.py`)
-# $OUT: ab.log, env.txt, engine-{new,old}.json, fe.tgz and rest.tgz (the profile, run.log,
+# (or B_ARGS=--hidden-store: this tree twice, the second with the store: engine-b.json; and
+# CHATTTS_EXTRA='hidden_store = true' for the levels through the server)
+# $OUT: ab.log, env.txt, engine-{new,old,b}.json, fe.tgz and rest.tgz (the profile, run.log,
 # worker-metrics.txt.gz, gpu-util.txt.gz, the engine logs). Random weights of the real shapes:
 # speed real, sound noise.
 T0=$(date +%s); export PYTHONUNBUFFERED=1
@@ -48,5 +50,5 @@ else
   echo "no gil_switch_ms pass (GIL_B unset or no time left)"
 fi
 # at most 8 files come back from a call (session 14 lost the profile and the worker metrics)
-(cd $OUT && tar czf rest.tgz --remove-files $(ls | grep -v -x -E 'ab.log|env.txt|fe.tgz|engine-(new|old).json'))
+(cd $OUT && tar czf rest.tgz --remove-files $(ls | grep -v -x -E 'ab.log|env.txt|fe.tgz|engine-(new|old|b).json'))
 echo "done ($(( $(date +%s) - T0 )) s)"
