@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from rtserver.core.first_heard import first_heard_ms
 from rtserver.pacing.hints import HintConfig, prebuffer_ms
-from rtserver.vocoder.chunking import ChunkPlanner
+from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices.orpheus import codes as ot
 from rtserver.voices.token_voice import chunk_timing
@@ -31,10 +31,11 @@ from rtserver.voices.token_voice import chunk_timing
 FRAME_MS = 1000.0 * ot.SAMPLES_PER_FRAME / ot.SAMPLE_RATE
 
 
-def decoded_per_frame(config: VocoderConfig, frames: int) -> float:
+def decoded_per_frame(chunking: ChunkConfig, frames: int) -> float:
     """Frames the decoder computes per frame of a ``frames``-frame segment
-    (windows with their context and lookahead), frames arriving one at a time."""
-    planner = ChunkPlanner(config.chunk_config(ot.SAMPLES_PER_FRAME))
+    chunked by ``chunking`` (windows with their context and lookahead), frames
+    arriving one at a time."""
+    planner = ChunkPlanner(chunking)
     jobs = []
     for _ in range(frames):
         jobs += planner.push(1)
@@ -46,12 +47,12 @@ def rows(rtfs: Sequence[float], ceilings: Sequence[int], growth: float,
          segment_frames: Sequence[int], jitter_ms: float) -> list[dict[str, float]]:
     out = []
     for ceiling in ceilings:
-        config = VocoderConfig(growth=growth, max_chunk_frames=ceiling)
-        plan, cost = chunk_timing(config.chunk_config(ot.SAMPLES_PER_FRAME), ot.SAMPLE_RATE,
-                                  FRAME_MS)
+        chunking = VocoderConfig(growth=growth, max_chunk_frames=ceiling).chunk_config(
+            ot.SAMPLES_PER_FRAME)
+        plan, cost = chunk_timing(chunking, ot.SAMPLE_RATE, FRAME_MS)
         row: dict[str, float] = {"max_chunk_frames": ceiling}
         for frames in segment_frames:
-            row[f"decoded_per_frame_{frames}"] = decoded_per_frame(config, frames)
+            row[f"decoded_per_frame_{frames}"] = decoded_per_frame(chunking, frames)
         for r in rtfs:
             row[f"hint_{r}"] = prebuffer_ms(r, list(plan), jitter_ms, cost_ms=list(cost))
             row[f"heard_{r}"] = first_heard_ms(r, list(plan), jitter_ms, cost_ms=list(cost))
