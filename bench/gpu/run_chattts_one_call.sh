@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # ChatTTS on a bare H200 in ONE call (when machines are scarce): the server's wheels
-# (.gpu/srv2, .gpu/extra), the engine alone this tree against OLD_MODEL with the step loop's
+# (SRV, lib.sh server_wheels), the engine alone this tree against OLD_MODEL with the step loop's
 # profile (run_chattts_engine_ab.sh), then one GPU worker and 4 front ends: one user back to
 # back for SINGLE_S s, then LEVELS (default 64,128,256,384,512: issue 24's levels and 25's)
 # and a burst of BURST users at once (default 64) (run_chattts_worker_levels.sh), then with
 # time left and GIL_B set, a second worker with [gpu] gil_switch_ms = GIL_B at LEVELS_B. Carry
-# .gpu/srv2, .gpu/extra and the OLD_MODEL file (e.g. .gpu/ab); run
-#   OUT=$OUT OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
+# .gpu/srv3 (it holds the pinned fastapi: no .gpu/extra) and the OLD_MODEL file (e.g. .gpu/ab); run
+#   OUT=$OUT SRV=.gpu/srv3 OLD_MODEL=.gpu/ab/model.py bash bench/gpu/run_chattts_one_call.sh
 # (or OLD_TREE=.gpu/ab-loop: files at their repository paths laid over the old tree, e.g. the
 # step loop before e07e96a: `git show e07e96a~1:rtserver/voices/chattts/engine/engine.py`)
 # (or B_ARGS=--hidden-store: this tree twice, the second with the store: engine-b.json; and
