@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from rtserver.client.decode import decode_frames
@@ -132,7 +132,7 @@ class ContextStream:
 
     # --- reading ---------------------------------------------------------------------
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         """The context's events in arrival order, ending after `done`, `cancelled`
         or an error that ends the context.
 

@@ -14,12 +14,17 @@ from rtserver.tools.bench.store import read_results
 
 def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rtserver.tools.bench", "--spawn", "--load", "stream,bargein",
-         "--concurrency", "2", "--duration", "3", "--warmup", "1", "--seed", "smoke",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rtserver.tools.bench", "--spawn", "--load", "stream,bargein",
+             "--concurrency", "2", "--duration", "3", "--warmup", "1", "--seed", "smoke",
+             "--out", str(out)],
+            capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:  # what it printed, and the server's side
+        raise AssertionError(f"{_text(exc.stderr)[-4000:]}\n--- server.log:\n"
+                             f"{_tail(out / 'server.log')}") from None
+    assert proc.returncode == 0, f"{proc.stderr[-3000:]}\n--- server.log:\n" + _tail(
+        out / "server.log")
     assert "[bench] rtserver stream/word sweep 2: start" in proc.stderr  # progress lines
 
     results = read_results(out)
@@ -29,7 +34,9 @@ def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -
     assert len(streamed) >= 2
     assert {s["user"] for s in streamed} == {0, 1}
     assert all(s["outcome"] == "done" for s in streamed), [s.get("error") for s in streamed]
-    assert not [s for s in samples if s["outcome"] in ("error", "failed")]
+    failed = [(s.get("error"), s.get("error_message")) for s in samples
+              if s["outcome"] in ("error", "failed")]
+    assert not failed, f"{failed}\n--- server.log:\n{_tail(out / 'server.log')}"
     for s in streamed:
         assert s["ttfa_ms"] is not None and 0 < s["ttfa_ms"] < 1000 * scaled(5)
         assert s["ttfa_first_text_ms"] >= s["ttfa_ms"]
@@ -48,3 +55,11 @@ def test_bench_against_a_spawned_server_measures_every_context(tmp_path: Path) -
     # the spawned server was stopped (its log is closed and says it ran)
     assert (out / "server.log").stat().st_size > 0
     assert "stopped pid" in proc.stderr
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def _tail(path: Path, chars: int = 6000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(none)"

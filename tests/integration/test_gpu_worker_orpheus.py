@@ -35,6 +35,9 @@ SNAC_FRAME = 2048  # samples of one 7-token frame at 24 kHz
 KEY = "worker-test-key"
 
 
+# inproc: vLLM's EngineCore in the worker's process, so two processes fewer to start
+# on the CPU (its mp executor adds a worker process): ~11 s against ~25 s on
+# 2 cores. test_vllm_orpheus runs both modes; test_vllm_server the separate one.
 @pytest.fixture(scope="module")
 def front_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     root = Path(tmp_path_factory.mktemp("orpheus"))
@@ -46,7 +49,7 @@ def front_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread
     cfg.write_text('[voice]\ndefault = "orpheus:tara"\n'
                    f'[orpheus]\nmodel_dir = "{model}"\nsnac_dir = "{snac}"\n'
                    'dummy_weights = true\ndevice = "cpu"\nenforce_eager = true\n'
-                   'max_model_len = 2048\nmax_num_seqs = 8\n'
+                   'max_model_len = 2048\nmax_num_seqs = 8\nengine_process = "inproc"\n'
                    f'adapters = ["alice@tara={alice}"]\nmax_loras = 2\nmax_lora_rank = 8\n'
                    f'[gpu]\nendpoint = "{endpoint}"\n')
     log = (root / "worker.log").open("w")

@@ -26,13 +26,17 @@ from rtserver.voices.orpheus.voice import OrpheusConfig, OrpheusVoice, load_orph
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
 
+# inproc: vLLM's EngineCore in this process, so two processes fewer to start
+# on the CPU (its mp executor adds a worker process): ~11 s against ~25 s on
+# 2 cores. test_vllm_orpheus runs both modes; test_vllm_server the separate one.
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def voice(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[OrpheusVoice]:
     root = Path(tmp_path_factory.mktemp("orpheus-unmasked"))
     model = write_random_orpheus(root / "llama", shape="tiny", device="cpu")
     snac = write_tiny_snac(root / "snac", seed=0)
     cfg = OrpheusConfig(model_dir=str(model), snac_dir=str(snac), token_guard="none",
-                        device="cpu", enforce_eager=True, max_model_len=1024, max_num_seqs=4)
+                        device="cpu", enforce_eager=True, max_model_len=1024, max_num_seqs=4,
+                        engine_process="inproc")
     v = await load_orpheus_voice(cfg, "tara")
     yield v
     await v.close()

@@ -27,7 +27,7 @@ from typing import Any
 from rtserver.client import RtClient
 from rtserver.tools.bench import loads, metrics, plots, report
 from rtserver.tools.bench.listener import ListenerConfig
-from rtserver.tools.bench.loads import PATTERNS, LoadConfig, RunState
+from rtserver.tools.bench.loads import EVENT_TIMEOUT_S, PATTERNS, LoadConfig, RunState
 from rtserver.tools.bench.machine import CpuMeter, describe, versions
 from rtserver.tools.bench.server_proc import (
     SpawnedServer,
@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rebuffer", action="store_true",
                    help="listener resumes on the next frame after an underrun")
     p.add_argument("--warmup", type=int, default=2, help="warm-up turns, not recorded")
+    p.add_argument("--event-timeout", type=float, default=EVENT_TIMEOUT_S,
+                   help="a context with no event this long fails EventTimeout and its "
+                        "connection is replaced (default %(default)g s)")
     p.add_argument("--out", default="bench-out", help="results folder (default bench-out)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--note", action="append", default=[], help="a line for summary.md")
@@ -262,7 +265,8 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                            tags=tags, voice=args.voice, format=args.format,
                            voices=tuple(v for v in args.voices.split(",") if v),
                            sample_rate=args.sample_rate, frame_ms=args.frame_ms,
-                           listener=listener) for pat in patterns]
+                           listener=listener, event_timeout_s=args.event_timeout)
+                for pat in patterns]
         for cfg in [] if args.baseline_only else cfgs:
             if args.warmup:
                 await _warm_up(url, args.token, cfg, args.warmup, args.seed)

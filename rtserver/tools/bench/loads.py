@@ -26,6 +26,7 @@ send schedule repeat exactly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,10 @@ from rtserver.tools.bench.measure import TurnRecord, analyze
 PATTERNS = ("whole", "stream", "conversation", "bargein")
 Sample = dict[str, Any]
 Emit = Callable[[Sample], None]
+# A context with no event for this long fails ``EventTimeout`` and its connection
+# is replaced: a server that stops answering fails the run, never hangs it. Far
+# past any gap a working server leaves (an LLM-paced reply sends events every second).
+EVENT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,11 @@ class LoadConfig:
     sample_rate: int = 48000
     frame_ms: int = 20
     listener: ListenerConfig = field(default_factory=ListenerConfig)
+    event_timeout_s: float = EVENT_TIMEOUT_S
+
+
+class EventTimeout(RtClientError):
+    """No event came for a context within ``LoadConfig.event_timeout_s``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +162,29 @@ async def run_turn(client: RtClient, plan: TurnPlan, cfg: LoadConfig) -> Sample:
     canceller: asyncio.Task[None] | None = None
     arrivals: list[tuple[float, int, int]] = []
     failure: RtClientError | None = None
+    last_event = "started"
     try:
-        async for ev in ctx.events():
-            if isinstance(ev, AudioFrames):
-                arrivals.append((ev.received_at, ev.seq, len(ev.frames)))
-                if plan.cancel_after_s is not None and canceller is None:
-                    canceller = asyncio.create_task(
-                        cancel_at(ev.received_at + plan.cancel_after_s))
+        async with contextlib.aclosing(ctx.events()) as events:
+            while True:
+                try:
+                    async with asyncio.timeout(cfg.event_timeout_s):
+                        ev = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise EventTimeout(
+                        f"context '{ctx.context}': no event for {cfg.event_timeout_s:g} s after "
+                        f"{last_event} ({sum(n for _, _, n in arrivals)} frames, "
+                        f"{len(ctx.times.text_sent)} of {len(plan.fragments)} fragments "
+                        f"sent, end {'sent' if ctx.times.end_sent_at else 'not sent'}, "
+                        f"cancel {'sent' if ctx.times.cancel_sent_at else 'not sent'})"
+                    ) from None
+                last_event = type(ev).__name__
+                if isinstance(ev, AudioFrames):
+                    arrivals.append((ev.received_at, ev.seq, len(ev.frames)))
+                    if plan.cancel_after_s is not None and canceller is None:
+                        canceller = asyncio.create_task(
+                            cancel_at(ev.received_at + plan.cancel_after_s))
     except RtClientError as exc:
         failure = exc
     for task in (sender, canceller):
@@ -253,7 +279,8 @@ async def closed_loop_user(url: str, token: str | None, cfg: LoadConfig, rng: ra
         while clock() < stop_at:
             try:
                 async with RtClient.connect(url, token, clock=clock) as client:
-                    while clock() < stop_at:
+                    timed_out = False
+                    while clock() < stop_at and not timed_out:
                         for kind in turn_kinds(cfg.pattern):
                             plan = plan_turn(cfg, rng, kind)
                             active = state.active
@@ -262,7 +289,10 @@ async def closed_loop_user(url: str, token: str | None, cfg: LoadConfig, rng: ra
                             turn += 1
                             if sample["outcome"] == "failed" and client.closed:
                                 raise ConnectionLost(client.close_code, client.close_reason)
-                        pause = listening_pause(cfg, sample, clock(), rng)
+                            timed_out = sample.get("error") == EventTimeout.__name__
+                            if timed_out:  # the next turn on a new connection
+                                break
+                        pause = 0.0 if timed_out else listening_pause(cfg, sample, clock(), rng)
                         if pause > 0:
                             await asyncio.sleep(min(pause, max(0.0, stop_at - clock())))
             except (RtClientError, OSError, TimeoutError) as exc:
@@ -355,6 +385,10 @@ async def open_loop(url: str, token: str | None, cfg: LoadConfig, rate_per_s: fl
                 active = state.active
                 sample = await run_turn(client, plan_turn(cfg, turn_rng, kind), cfg)
                 state.record(sample, user=k, turn=turn, active=active)
+                if sample.get("error") == EventTimeout.__name__:
+                    with contextlib.suppress(RtClientError, OSError):
+                        await client.close()  # the pool opens a new one for later arrivals
+                    break
         finally:
             pool.release(client)
             state.active -= 1

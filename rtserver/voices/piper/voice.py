@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -130,7 +131,10 @@ def _import_piper() -> tuple[Any, Any]:
     """piper-tts (GPL-3.0-or-later), imported only here, and the rest of the
     optional extra ``rtserver[piper]``."""
     try:
-        import onnx  # noqa: F401  (graph splits the graph with it)
+        # onnx is imported only to split a graph not in the cache (its import
+        # costs ~1 s, most of it ml_dtypes'): here it need only be there
+        if importlib.util.find_spec("onnx") is None:
+            raise ImportError("No module named 'onnx'")
         import onnxruntime  # noqa: F401
         from piper import PiperVoice as _Piper
         from piper import espeakbridge
