@@ -390,3 +390,42 @@ async def test_step_counters_on_metrics(assets: LmAssets) -> None:
         assert sum(parts) <= got[f"rtserver_engine_host{kind}_seconds_total"]
     assert got["rtserver_engine_steps_total"] >= 19
     assert got["rtserver_engine_gpu_seconds_total"] == 0  # CPU: no device timer
+
+
+@pytest.mark.parametrize("buckets", [(1, 2, 4, 8), ()])
+def test_padded_moves_are_the_parallel_assignment(assets: LmAssets,
+                                                  buckets: tuple[int, ...]) -> None:
+    """Three moves (a swap and a move into a hole), padded to a bucket of four
+    with scratch onto scratch (or, with no buckets, eager as they are), do what
+    the parallel assignment says to KV rows and per-slot state, and nothing else."""
+    from rtserver.voices.chattts.engine.runner import ModelRunner, RunnerConfig
+    from rtserver.voices.chattts.engine.scheduler import Plan, SchedulerConfig
+
+    model = ChatLM(assets.config, assets.gpt, assets.embed, slots=6, max_len=64)
+    sched = SchedulerConfig(slots=6, max_len=64, length_buckets=(16, 32, 64))
+    runner = ModelRunner(model, RunnerConfig(eos_id=assets.config.eos_id, move_buckets=buckets),
+                         sched)
+    gen = torch.Generator().manual_seed(0)
+    for t in (model.k_cache, model.v_cache):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    runner.istate.copy_(torch.randint(0, 1000, runner.istate.shape, generator=gen))
+    runner.fstate.copy_(torch.rand(runner.fstate.shape, generator=gen))
+    runner.hist.copy_(torch.randint(0, 600, runner.hist.shape, generator=gen))
+    before = [t.clone() for t in (model.k_cache, model.v_cache, runner.istate, runner.fstate,
+                                  runner.hist)]
+    moves = ((1, 4), (4, 1), (5, 2))
+    runner.launch(Plan(moves=moves, move_length=32, rows=(), length=0, chunks=(),
+                       prefill_tokens=0, prefill_length=0), fill=None, want_hidden=False)
+    if buckets:
+        assert runner.np_mv[0][:, :4].tolist() == [[1, 4, 5, 6], [4, 1, 2, 6]]  # 6: scratch
+    want = [t.clone() for t in before]
+    for k, t in enumerate(want):
+        src = [a for a, _ in moves]
+        dst = [b for _, b in moves]
+        if k < 2:  # the caches: [layers, slot, heads, positions, dim], the moved length
+            t[:, dst, :, :32] = before[k][:, src, :, :32]
+        else:
+            t[dst] = before[k][src]
+    got = (model.k_cache, model.v_cache, runner.istate, runner.fstate, runner.hist)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

@@ -222,6 +222,8 @@ def main() -> None:
     p.add_argument("--hidden-store", action="store_true",
                    help="hidden states stay in the engine's device store (handed over as "
                    "indices) instead of a copy to the host each step")
+    p.add_argument("--no-move-graphs", action="store_true",
+                   help="a step's KV moves run eagerly (the A/B of their CUDA graphs)")
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "
                    "on CUDA)")
@@ -237,6 +239,8 @@ def main() -> None:
     kw: dict[str, Any] = {"prefill_tokens": a.prefill_tokens} if a.prefill_tokens else {}
     if a.hidden_store:
         kw["hidden_store"] = True
+    if a.no_move_graphs:
+        kw["move_graphs"] = False
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
                               parse_levels(a.levels, a.steps), not a.no_hidden,
                               a.profile, a.dtype, a.kernels, **kw))

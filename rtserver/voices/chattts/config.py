@@ -68,6 +68,8 @@ class ChatTTSConfig:
     slots: int = 64
     max_len: int = 2048  # positions per slot (prompt + steps); upstream max_new_token 2048
     cuda_graphs: bool = True
+    # a step's KV moves (batch compaction) as CUDA graphs too (engine.runner)
+    move_graphs: bool = True
     prefill_tokens: int = 4096
     max_waiting: int = 4096
     max_queue_s: float = 10.0

@@ -394,7 +394,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
 
     engine = TorchCodeEngine(factory, TorchEngineConfig(
         slots=cfg.slots, max_len=max_len, cuda_graphs=cfg.cuda_graphs,
-        prefill_tokens=cfg.prefill_tokens, max_waiting=cfg.max_waiting,
+        move_graphs=cfg.move_graphs, prefill_tokens=cfg.prefill_tokens, max_waiting=cfg.max_waiting,
         max_queue_s=cfg.max_queue_s, retry_after_ms=cfg.retry_after_ms,
         ignore_eos=cfg.ignore_eos, eager_steps=cfg.eager_steps,
         hidden_store=cfg.hidden_store,

@@ -65,6 +65,7 @@ from rtserver.voices.chattts.engine.runner import (
     FLAG_BAD,
     FLAG_DONE,
     MAX_STOPS,
+    MOVE_BUCKETS,
     ModelRunner,
     PrefillInputs,
     Record,
@@ -87,6 +88,7 @@ class TorchEngineConfig:
     slots: int = 64  # requests decoding at once (KV cache rows)
     max_len: int = 2048  # positions per slot: prompt + steps
     cuda_graphs: bool = True  # GPU only
+    move_graphs: bool = True  # a step's KV moves as CUDA graphs too (runner.py)
     batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS
     length_buckets: tuple[int, ...] = DEFAULT_LENGTH_BUCKETS
     # Chunked prefill: at most this many padded prompt positions (rows bucket x
@@ -226,7 +228,8 @@ class TorchCodeEngine:
             eos_id=self.eos_id, graphs=c.cuda_graphs, batch_buckets=c.batch_buckets,
             min_new_steps=c.min_new_steps, ignore_eos=c.ignore_eos,
             penalty_window=c.penalty_window, ring=max(1, c.stream_interval) + 3,
-            store_rows=ho.store_rows, store_cols=ho.width), self._sched.config)
+            store_rows=ho.store_rows, store_cols=ho.width,
+            move_buckets=MOVE_BUCKETS if c.move_graphs else ()), self._sched.config)
         if c.text_slots > 0:
             self._text = TextLane(model, c.text_slots, c.text_max_len)
         if model.device.type == "cuda" and c.cuda_graphs:

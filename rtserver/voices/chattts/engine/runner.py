@@ -3,7 +3,9 @@
 It does what a scheduler ``Plan`` says (``scheduler.py``) and nothing else:
 
 1. **moves**: one parallel gather/scatter of KV rows and per-slot state
-   (compaction: decoding requests stay in slots ``0..B-1``);
+   (compaction: decoding requests stay in slots ``0..B-1``), padded to a
+   bucket of moves with scratch-onto-scratch ones: a CUDA graph per
+   ``(moves, L)``;
 2. **decode**: rows ``0..B-1`` (``B`` bucketed), attention over a length
    bucket, then sampling (temperature, repetition penalty, top-p, top-k per
    request and codebook), the next step's inputs, and stop detection (EOS or
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 MAX_STOPS = 4  # stop ids per request the device checks (beside EOS)
 FLAG_DONE = 1
 FLAG_BAD = 2  # non-finite hidden state or logits
+MOVE_BUCKETS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,12 @@ class RunnerConfig:
     # steps, see ``handover``); 0: hidden states go to the pinned ring.
     store_rows: int = 0
     store_cols: int = 0
+    # Move counts a step's moves are padded to (scratch -> scratch), each a CUDA
+    # graph per length bucket; more moves run eagerly. A step's moves are 0-3 in
+    # steady traffic (1.6 slots a step at 256 streams through the server), and
+    # eagerly they were 62 of the engine thread's 331 samples at 512 streams
+    # (py-spy, bench/results/h100-2026-12-06-s18): a dozen indexing launches.
+    move_buckets: tuple[int, ...] = MOVE_BUCKETS
 
 
 @dataclass
@@ -142,6 +151,8 @@ class ModelRunner:
             self.np_si = self.h_si.numpy()
         self._decode_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self._move_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._move_cap = min(max(cfg.move_buckets, default=0), s1)
         self._turn = 0
         self.waits = 0  # host syncs made (one per step read back)
         self._batches = sorted({min(b, model.slots) for b in cfg.batch_buckets} | {model.slots})
@@ -154,6 +165,10 @@ class ModelRunner:
             self.stream = torch.cuda.Stream(device=dev, priority=-1)
 
     # --- shapes ------------------------------------------------------------------------
+
+    def move_shapes(self) -> list[tuple[int, int]]:
+        return [(m, n) for m in sorted({min(m, self._move_cap) for m in self.cfg.move_buckets})
+                for n in _reachable(self.sched.length_buckets, 1, self.model.max_len)]
 
     def decode_shapes(self) -> list[tuple[int, int]]:
         return [(b, n) for b in self._batches
@@ -277,8 +292,16 @@ class ModelRunner:
             mv = self.np_mv[k]
             mv[0, :m] = [a for a, _ in plan.moves]
             mv[1, :m] = [b for _, b in plan.moves]
+            if m <= self._move_cap:  # padded to its bucket: scratch onto itself
+                mb = bucket(m, self.cfg.move_buckets, self._move_cap)
+                mv[:, m:mb] = self.scratch_slot
+                m = mb
             self.mv.copy_(self.h_mv[k], non_blocking=True)  # whole: contiguous
-            self._moves(m, plan.move_length)
+            g = self._move_graphs.get((m, plan.move_length))
+            if g is not None:
+                g.replay()
+            else:
+                self._moves(m, plan.move_length)
         b = len(plan.rows)
         if b:
             bb = self._decode_b(b)
@@ -390,16 +413,42 @@ class ModelRunner:
             with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
                 self._prefill(rb, tb, n)
             self._prefill_graphs[(rb, tb, n)] = g
+        self._capture_moves(pool, stream)
         torch.cuda.synchronize()
         self.reset()
         torch.cuda.synchronize()
-        log.info("captured %d decode and %d prefill CUDA graphs in %.1f s",
-                 len(self._decode_graphs), len(self._prefill_graphs), clock() - t0)
-        return len(self._decode_graphs) + len(self._prefill_graphs)
+        log.info("captured %d decode, %d prefill and %d move CUDA graphs in %.1f s",
+                 len(self._decode_graphs), len(self._prefill_graphs), len(self._move_graphs),
+                 clock() - t0)
+        return self.graphs
+
+    def _capture_moves(self, pool: Any, stream: Any) -> None:
+        """A graph per move shape, moving scratch onto itself (so capture
+        changes nothing). Moves are never needed as graphs: if one cannot be
+        captured, every move stays eager and the engine says why."""
+        self.mv.fill_(self.scratch_slot)
+        mshapes = self.move_shapes()
+        try:
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for m, n in mshapes:
+                    self._moves(m, n)
+            torch.cuda.current_stream().wait_stream(side)
+            for m, n in reversed(mshapes):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, stream=stream,
+                                      capture_error_mode="thread_local"):
+                    self._moves(m, n)
+                self._move_graphs[(m, n)] = g
+        except RuntimeError as exc:  # a capture error names the op that broke it
+            self._move_graphs.clear()
+            torch.cuda.synchronize()
+            log.warning("moves stay eager: their CUDA graph did not capture (%s)", exc)
 
     @property
     def graphs(self) -> int:
-        return len(self._decode_graphs) + len(self._prefill_graphs)
+        return len(self._decode_graphs) + len(self._prefill_graphs) + len(self._move_graphs)
 
 
 @dataclass(frozen=True, slots=True)
