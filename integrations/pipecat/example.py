@@ -67,7 +67,8 @@ async def main() -> None:
     for word in args.text.split(" "):
         await worker.queue_frame(LLMTextFrame(word + " "))
     await worker.queue_frame(LLMFullResponseEndFrame())
-    await asyncio.wait_for(out.done.wait(), 60)
+    async with asyncio.timeout(60):
+        await out.done.wait()
     await worker.queue_frame(EndFrame())
     await run
     out.wav.close()

@@ -117,7 +117,8 @@ class RtClient:
         ctx.times.start_sent_at = self.clock()
         try:
             await self._send(message)
-            await asyncio.wait_for(asyncio.shield(ctx._started_future), reply_timeout_s)
+            async with asyncio.timeout(reply_timeout_s):  # not wait_for: cpython#86296
+                await asyncio.shield(ctx._started_future)
         except BaseException:
             if self._contexts.get(name) is ctx:
                 del self._contexts[name]
@@ -267,7 +268,8 @@ class _Connecting:
                 if not unanswered or attempt == tries - 1:
                     raise
         try:
-            first = await asyncio.wait_for(ws.recv(), open_timeout)
+            async with asyncio.timeout(open_timeout):  # not wait_for: cpython#86296
+                first = await ws.recv()
             if not isinstance(first, str):
                 raise ProtocolViolation("the first message is binary, not 'ready'")
             try:

@@ -128,7 +128,8 @@ class ContextStream:
         if self.times.cancel_sent_at is None:
             self.times.cancel_sent_at = self._client.clock()
             await self._client._send(Cancel(context=self.context))
-        return await asyncio.wait_for(asyncio.shield(self._cancel_future), reply_timeout_s)
+        async with asyncio.timeout(reply_timeout_s):  # not wait_for: cpython#86296
+            return await asyncio.shield(self._cancel_future)
 
     # --- reading ---------------------------------------------------------------------
 

@@ -59,7 +59,8 @@ async def report_played(ctx: ContextStream, heard_ms: Callable[[], float], *,
             await ctx.played(now)
             last = now
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.wait(), every_s)
+            async with asyncio.timeout(every_s):  # not wait_for: cpython#86296
+                await ctx.wait()
 
 
 def word_times(text: str, start_s: float, end_s: float) -> list[tuple[str, float]]:

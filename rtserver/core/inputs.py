@@ -96,11 +96,13 @@ class ContextInput:
         when woken (``wake``)."""
         if not self._items and not self._woken:
             self._ready.clear()
+            # asyncio.timeout, never wait_for: on Python 3.11 wait_for loses a
+            # cancel that lands in the tick its wait ends (cpython#86296), and a
+            # context cancelled as its text arrived then waited here for ever
+            # while its connection's reader waited for it to end
             try:
-                if timeout_s is None:
+                async with asyncio.timeout(None if timeout_s is None else max(0.0, timeout_s)):
                     await self._ready.wait()
-                else:
-                    await asyncio.wait_for(self._ready.wait(), max(0.0, timeout_s))
             except TimeoutError:
                 return None
         if self._items:

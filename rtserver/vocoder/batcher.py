@@ -19,6 +19,7 @@ chunk arriving during a call waits for it (``max_batch_frames`` bounds that).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -302,10 +303,9 @@ class DecodeBatcher(Generic[W]):
             await asyncio.sleep(0)  # let the rest of this tick's pushes queue up
             while (left := self._hold_left()) > 0:
                 # wait for more windows (a push sets the event), at most ``left``
-                try:
-                    await asyncio.wait_for(self._wake.wait(), left)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):  # not wait_for: cpython#86296
+                        await self._wake.wait()
                 self._wake.clear()
             while batch := self._take():
                 self.stats.ticks += 1

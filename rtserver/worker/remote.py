@@ -176,7 +176,8 @@ class WorkerLink:
         waited = 0.0
         while not self._first_ready.is_set():
             try:
-                await asyncio.wait_for(self._first_ready.wait(), WAIT_SAY_S)
+                async with asyncio.timeout(WAIT_SAY_S):  # not wait_for: cpython#86296
+                    await self._first_ready.wait()
             except TimeoutError:  # loading a model takes minutes; say we are here
                 waited += WAIT_SAY_S
                 say(f"still waiting for the GPU worker on {self.endpoint} ({waited:.0f} s)")
@@ -237,7 +238,8 @@ class WorkerLink:
                 self._send(msg)
             except zmq.ZMQError as exc:
                 raise EngineLost(f"the GPU worker is unreachable: {exc}") from None
-            await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: cpython#86296
+                await fut
         finally:
             self._calls.pop(msg.request_id, None)
 

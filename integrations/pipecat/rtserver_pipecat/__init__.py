@@ -149,7 +149,8 @@ class RtserverTTSService(WebsocketTTSService):
                 self._url, additional_headers=headers, compression=None,
                 max_size=MAX_MESSAGE_BYTES, open_timeout=self._open_timeout, proxy=None)
             try:
-                first = await asyncio.wait_for(ws.recv(), self._open_timeout)
+                async with asyncio.timeout(self._open_timeout):  # not wait_for: cpython#86296
+                    first = await ws.recv()
                 ready = parse_server_message(first)
                 if not isinstance(ready, Ready):
                     raise ConnectionError(f"the first message is '{ready.type}', not 'ready'")

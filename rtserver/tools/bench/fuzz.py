@@ -171,7 +171,8 @@ async def fuzz_connection(url: str, count: int, seed: int) -> ConnResult:
     try:
         async with connect(url, compression=None, max_size=None) as ws:
             reader = asyncio.create_task(read(ws))
-            limits = await asyncio.wait_for(ready, 30)
+            async with asyncio.timeout(30):
+                limits = await ready
             rate_m, rate_b = limits.get("messages_per_s"), limits.get("input_bytes_per_s")
             pacer = Pacer(rate_m * BUDGET_SHARE if rate_m else None,
                           rate_b * BUDGET_SHARE if rate_b else None)
@@ -189,9 +190,11 @@ async def fuzz_connection(url: str, count: int, seed: int) -> ConnResult:
                     await ws.send(json.dumps({"type": "text", "context": "victim",
                                               "text": VICTIM_TEXT[40:]}))
             await ws.send(json.dumps({"type": "end", "context": "victim"}))
-            for _ in range(WINDOW):  # every reply is in
-                await asyncio.wait_for(replies.acquire(), 60)
-            await asyncio.wait_for(victim_done.wait(), 120)
+            async with asyncio.timeout(60):
+                for _ in range(WINDOW):  # every reply is in
+                    await replies.acquire()
+            async with asyncio.timeout(120):
+                await victim_done.wait()
             reader.cancel()
     except (ConnectionClosed, TimeoutError, OSError) as exc:
         out.closed = f"{type(exc).__name__}: {exc}"

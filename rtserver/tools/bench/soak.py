@@ -106,7 +106,8 @@ async def one_turn(client: RtClient, rng: random.Random, totals: Totals, bargein
     await ctx.end()
     if bargein:  # the user talks over the reply (mid-audio on this machine)
         try:
-            await asyncio.wait_for(ctx.wait(), BARGEIN_AFTER_S)
+            async with asyncio.timeout(BARGEIN_AFTER_S):
+                await ctx.wait()
         except TimeoutError:
             await ctx.cancel()
     result = await ctx.collect(decode=False)

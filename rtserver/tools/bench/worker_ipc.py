@@ -152,7 +152,8 @@ async def run(levels: list[int], samples: int, chunks: int, realtime: float) -> 
         link = WorkerLink(endpoint, GpuConfig(request_buffer_s=1e9))
         try:
             await asyncio.to_thread(ready.wait, 60)
-            hello = await asyncio.wait_for(link.start(), 60)
+            async with asyncio.timeout(60):
+                hello = await link.start()
             voice = RemoteVoice(link, VoiceInfo(**msgspec.structs.asdict(hello.voices[0])))
             await _level(voice, 1, 100, proc.pid, "warm")
             rows = []
