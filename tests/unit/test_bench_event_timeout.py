@@ -21,6 +21,7 @@ from rtserver.protocol.messages import (
     encode_server_message,
     parse_client_message,
 )
+from rtserver.testing.wait import scaled
 from rtserver.tools.bench import loads
 from rtserver.tools.bench.loads import EventTimeout, LoadConfig, RunState
 
@@ -64,11 +65,14 @@ async def test_a_silent_context_fails_with_what_it_saw_instead_of_hanging() -> N
 
 
 async def test_a_user_whose_context_timed_out_goes_on_with_a_new_connection() -> None:
-    cfg = LoadConfig(pattern="stream", tokens_per_s=400.0, event_timeout_s=0.3)
+    cfg = LoadConfig(pattern="stream", tokens_per_s=400.0, event_timeout_s=0.2)
     samples: list[dict[str, object]] = []
     async with mute_server() as (url, connections):
         state = RunState(emit=samples.append, labels={})
-        await asyncio.wait_for(loads.closed_loop(url, None, cfg, 1, 1.0, "t", state), 10)
+        # a turn takes ~0.4 s (its text at 400 fragments/s, then the timeout):
+        # 2 s leave room for several, so a second turn comes on a slow machine too
+        await asyncio.wait_for(loads.closed_loop(url, None, cfg, 1, scaled(2.0), "t", state),
+                               scaled(20))
     timed_out = [s for s in samples if s.get("error") == EventTimeout.__name__]
     assert len(timed_out) >= 2 and len(timed_out) == len(samples)
     assert len(connections) == len(timed_out)  # each turn after a timeout: a new connection
