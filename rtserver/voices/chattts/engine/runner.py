@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ MAX_STOPS = 4  # stop ids per request the device checks (beside EOS)
 FLAG_DONE = 1
 FLAG_BAD = 2  # non-finite hidden state or logits
 MOVE_BUCKETS = (1, 2, 4, 8)
+S = TypeVar("S", bound=tuple[int, ...])  # a graph's shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,28 +393,14 @@ class ModelRunner:
         self.pf_i[:, self.tmax + self.M_SLOT] = self.scratch_slot
         self.pf_i[:, self.tmax + self.M_INJECT] = -1
         t0 = clock()
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for b, n in dshapes:
-                self._decode(b, n)
-            for rb, tb, n in pshapes:
-                self._prefill(rb, tb, n)
-        torch.cuda.current_stream().wait_stream(side)
+        self._warm(dshapes, self._decode)
+        self._warm(pshapes, self._prefill)
         pool = torch.cuda.graph_pool_handle()
         # a capture stream of the engine's own: its GEMMs get a cuBLAS workspace no
         # decoder graph shares (see rtserver.engine.capture_streams)
         stream = capture_stream(self.device)
-        for b, n in reversed(dshapes):  # largest first: later graphs reuse its pool
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                self._decode(b, n)
-            self._decode_graphs[(b, n)] = g
-        for rb, tb, n in reversed(pshapes):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                self._prefill(rb, tb, n)
-            self._prefill_graphs[(rb, tb, n)] = g
+        self._decode_graphs = self._graph_each(dshapes, self._decode, pool, stream)
+        self._prefill_graphs = self._graph_each(pshapes, self._prefill, pool, stream)
         self._capture_moves(pool, stream)
         torch.cuda.synchronize()
         self.reset()
@@ -429,22 +417,34 @@ class ModelRunner:
         self.mv.fill_(self.scratch_slot)
         mshapes = self.move_shapes()
         try:
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for m, n in mshapes:
-                    self._moves(m, n)
-            torch.cuda.current_stream().wait_stream(side)
-            for m, n in reversed(mshapes):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream,
-                                      capture_error_mode="thread_local"):
-                    self._moves(m, n)
-                self._move_graphs[(m, n)] = g
+            self._warm(mshapes, self._moves)
+            self._move_graphs = self._graph_each(mshapes, self._moves, pool, stream)
         except RuntimeError as exc:  # a capture error names the op that broke it
-            self._move_graphs.clear()
+            self._move_graphs = {}
             torch.cuda.synchronize()
             log.warning("moves stay eager: their CUDA graph did not capture (%s)", exc)
+
+    def _warm(self, shapes: Sequence[S], program: Callable[..., None]) -> None:
+        """``program(*shape)`` for every shape once, eagerly, on a side stream."""
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for shape in shapes:
+                program(*shape)
+        torch.cuda.current_stream().wait_stream(side)
+
+    @staticmethod
+    def _graph_each(shapes: Sequence[S], program: Callable[..., None], pool: Any,
+                    stream: Any) -> dict[S, torch.cuda.CUDAGraph]:
+        """A CUDA graph of ``program(*shape)`` per shape, the largest first:
+        later graphs reuse its memory in the shared ``pool``."""
+        graphs: dict[S, torch.cuda.CUDAGraph] = {}
+        for shape in reversed(shapes):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                program(*shape)
+            graphs[shape] = g
+        return graphs
 
     @property
     def graphs(self) -> int:
