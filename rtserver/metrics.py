@@ -89,6 +89,13 @@ class Metrics:
             "First segments synthesized before the cut that confirms them: started, then "
             "adopted (the cut was the guess) or dropped (the word went on)",
             ["voice", "outcome"], registry=r)
+        self.slow_starts = Counter(
+            "rtserver_slow_starts_total",
+            "Contexts whose first chunk took at least HintConfig.slow_start_factor times "
+            "the voice's usual: the host is slower than the measured rates (another "
+            "process, CPU throttling); each was hinted again before its first audio, where "
+            "that asks for more",
+            ["voice"], registry=r)
 
     def observe_rtf(self, voice: str, rtf: float) -> None:
         self.rtf.labels(voice).observe(rtf)

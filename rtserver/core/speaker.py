@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +34,8 @@ from rtserver.pacing.hints import ahead_ms, prebuffer_ms
 from rtserver.protocol.messages import BufferHint, SegmentStarted, Start
 from rtserver.text.segmenter import Segment
 from rtserver.voices.base import Marks, SynthesisRequest, Voice
+
+log = logging.getLogger("rtserver.context")
 
 _request_ids = itertools.count()
 
@@ -79,6 +83,7 @@ class Speaker:
         self._guesses = 0
         self._dropped: set[Speculation] = set()  # being stopped
         self._first_taken = False
+        self._start_plan: _StartPlan | None = None  # what the first audio's hint planned
 
     async def drop_guesses(self) -> None:
         """Stop every speculative synthesis not adopted, and wait until their
@@ -203,6 +208,8 @@ class Speaker:
                 async for chunk in chunks:
                     if first_audio and "pcm" not in self.first_times:
                         self.first_times["pcm"] = now()
+                        made = guess.first_chunk_at if guess is not None else None
+                        self._check_start(1000.0 * ((made or now()) - began))
                     if chunk.words:  # before the frames they describe
                         self.sink.control(timed_words(self.start.context, seg, chunk.words,
                                                       seg_start_s, timing="model"))
@@ -304,11 +311,15 @@ class Speaker:
                                    audio_ms_per_char=stats.audio_ms_per_char,
                                    limit=self.shared.segmenter_config.limit)
         jitter = hints.jitter_ms
+        queued = 0.0
         if self.ledger.next_seq == 0:  # the first audio: others' first chunks come first
             others = self.shared.load.starting_ahead(self.voice.info.name, now) - (
                 id(self.ledger) in self.shared.load.starting)
-            jitter += queued_ahead_ms(others, rtf, chunks, self.voice.info)
+            queued = queued_ahead_ms(others, rtf, chunks, self.voice.info)
+            jitter += queued
         hint = prebuffer_ms(rtf, chunks, jitter, cost_ms=cost)
+        if self.ledger.next_seq == 0:
+            self._start_plan = _StartPlan(rtf, chunks, cost, jitter, queued, hint)
         if self.first_hint_ms is None:
             self.first_hint_ms = hint
         elapsed = 0.0
@@ -317,6 +328,44 @@ class Speaker:
         self.sink.control(BufferHint(
             context=self.start.context, prebuffer_ms=round(hint, 1), rtf=round(rtf, 4),
             ahead_ms=round(ahead_ms(self.ledger.next_seq * self.start.frame_ms, elapsed), 1)))
+
+    def _check_start(self, waited_ms: float) -> None:
+        """The first chunk came ``waited_ms`` after synthesis began. Where that
+        is ``slow_start_factor`` times the voice's usual (plus the planned
+        wait for starts queued ahead), the host is that much slower than the
+        rates say: hint again, before any audio, at r times the slowdown.
+        The listener starts on the latest hint, so it waits for more."""
+        plan, self._start_plan = self._start_plan, None
+        times = self.stats.first_chunk
+        usual = times.usual_ms()
+        times.observe(waited_ms)
+        if plan is None or usual is None:
+            return
+        expected = usual + plan.queued_ms
+        if not (expected > 0 and waited_ms >= self.shared.hint_config.slow_start_factor * expected):
+            return
+        rtf = plan.rtf * waited_ms / expected
+        hint = prebuffer_ms(rtf, plan.chunks, plan.jitter_ms, cost_ms=plan.cost)
+        self.shared.metrics.slow_starts.labels(self.voice.info.name).inc()
+        log.info("slow start %s: first chunk after %.0f ms, usually %.0f; hint %.0f -> %.0f ms",
+                 self.start.context, waited_ms, expected, plan.hint_ms, hint)
+        if hint <= plan.hint_ms:
+            return
+        self.first_hint_ms = hint
+        self.sink.control(BufferHint(context=self.start.context, prebuffer_ms=round(hint, 1),
+                                     rtf=round(rtf, 4), ahead_ms=0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class _StartPlan:
+    """What a context's first-audio hint planned with (``Speaker._check_start``)."""
+
+    rtf: float
+    chunks: list[float]
+    cost: list[float] | None
+    jitter_ms: float  # with the wait for starts queued ahead
+    queued_ms: float  # that wait
+    hint_ms: float
 
 
 __all__ = ["FIRST_SEND_FRAMES", "MAX_GUESSES", "OFFLOAD_FRAMES", "Speaker"]

@@ -38,6 +38,7 @@ class Speculation:
         self.request = request
         self.marks = marks  # the voice's marks for this synthesis (its first audio)
         self.began = began
+        self.first_chunk_at: float | None = None  # when the voice made its first chunk
         self._held: deque[PcmChunk] = deque()
         self._more = asyncio.Event()
         self._ended = False
@@ -48,6 +49,8 @@ class Speculation:
         try:
             async with contextlib.aclosing(voice.synthesize(self.request)) as chunks:
                 async for chunk in chunks:
+                    if self.first_chunk_at is None:
+                        self.first_chunk_at = self.request.clock.now()
                     self._held.append(chunk)
                     self._more.set()
         except Exception as exc:  # the adopter's to raise; a dropped guess's to forget

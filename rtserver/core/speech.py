@@ -21,7 +21,7 @@ from rtserver.core.stats import ServerLoad, VoiceStats
 from rtserver.errors import ConfigError, UnknownVoice, UnsupportedFormat
 from rtserver.metrics import Metrics
 from rtserver.pacing.hints import HintConfig
-from rtserver.pacing.rates import LiveRates, RtfTracker
+from rtserver.pacing.rates import FirstChunkTimes, LiveRates, RtfTracker
 from rtserver.protocol.messages import AUDIO_FORMATS, FRAME_MS, SAMPLE_RATES, Start
 from rtserver.text.lexicon import Entry, Lexicon
 from rtserver.text.segmenter import SegmenterConfig
@@ -82,7 +82,8 @@ class SpeechCore:
         if stats is None:
             hints = self.hint_config
             stats = self.voice_stats[voice] = VoiceStats(
-                rtf=RtfTracker(hints), live=LiveRates(hints), load=self.load,
+                rtf=RtfTracker(hints), live=LiveRates(hints),
+                first_chunk=FirstChunkTimes(hints), load=self.load,
                 parallel=self.voices[voice].info.parallel_segments,
                 rtf_elsewhere=lambda: self.rtf_elsewhere(voice))
         return stats

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rtserver.core.heard import ListenerCorrection
-from rtserver.pacing.rates import LiveRates, RtfTracker
+from rtserver.pacing.rates import FirstChunkTimes, LiveRates, RtfTracker
 
 # Until the first measurement of a voice, assume this many ms of audio per
 # character of text (English at ~15 characters per second of speech).
@@ -65,6 +65,7 @@ class VoiceStats:
     rtf: RtfTracker  # completed segments
     audio_ms_per_char: float = DEFAULT_AUDIO_MS_PER_CHAR
     live: LiveRates = field(default_factory=LiveRates)  # segments in flight
+    first_chunk: FirstChunkTimes = field(default_factory=FirstChunkTimes)  # contexts' first
     load: ServerLoad = field(default_factory=ServerLoad)  # shared by the server's voices
     parallel: int = 0  # VoiceInfo.parallel_segments
     # listeners' first heard audio against the predictions (``played``)

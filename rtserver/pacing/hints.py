@@ -85,6 +85,17 @@ class HintConfig:
     load_similar: float = 0.75
     load_halflife: float = 512.0
     load_min_spread: float = 2.0
+    # A context's first chunk that took ``slow_start_factor`` times the
+    # voice's usual (median of its last ``first_chunk_window`` first chunks,
+    # plus the wait for starts queued ahead) says the host is slower now than
+    # the rates say (another process on the cores, CPU throttling): the
+    # context is hinted again, before its first audio, at r times that
+    # factor. The browser test on CI: a first chunk at 193 ms where ~45 is
+    # usual, then chunk 1 at r 0.65 against the 0.12 planned, and a 40 ms
+    # hint ran dry (2026-12-06). 2: first segments differ in length (1-6
+    # words), and their first chunks with it.
+    slow_start_factor: float = 2.0
+    first_chunk_window: int = 16
 
     def __post_init__(self) -> None:
         if not self.jitter_ms >= 0:
@@ -103,6 +114,10 @@ class HintConfig:
             raise ValueError(f"load_similar must be in [0, 1], not {self.load_similar}")
         if not (self.load_halflife > 0 and self.load_min_spread > 0):
             raise ValueError("load_halflife and load_min_spread must be > 0")
+        if not self.slow_start_factor > 1.0:
+            raise ValueError(f"slow_start_factor must be > 1, not {self.slow_start_factor}")
+        if self.first_chunk_window < 1:
+            raise ValueError(f"first_chunk_window must be >= 1, not {self.first_chunk_window}")
 
 
 def _check_chunks(chunk_ms: Sequence[float]) -> None:

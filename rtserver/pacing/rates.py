@@ -1,10 +1,12 @@
 """Measured real-time factors (pure): completed segments (``RtfTracker``),
-segments in flight (``LiveRates``) and how r grows with load (``LoadSlope``).
+segments in flight (``LiveRates``) and how r grows with load (``LoadSlope``);
+how long a context's first chunk usually takes (``FirstChunkTimes``).
 The hints (``hints.prebuffer_ms``) plan with what these estimate."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Hashable, Sequence
 
@@ -173,3 +175,21 @@ class LiveRates:
         if not self._rates:
             return None
         return _nearest_rank(sorted(self._rates.values()), q)
+
+
+class FirstChunkTimes:
+    """How long a voice's contexts waited for their first chunk (synthesis
+    start to the first PCM, ms): the last ``first_chunk_window`` of them.
+    ``usual_ms`` is their median, None before any."""
+
+    def __init__(self, config: HintConfig | None = None) -> None:
+        self._ring: deque[float] = deque(maxlen=(config or HintConfig()).first_chunk_window)
+
+    def observe(self, ms: float) -> None:
+        if math.isfinite(ms) and ms >= 0:
+            self._ring.append(ms)
+
+    def usual_ms(self) -> float | None:
+        if not self._ring:
+            return None
+        return statistics.median(self._ring)
