@@ -209,7 +209,7 @@ class Speaker:
                     if first_audio and "pcm" not in self.first_times:
                         self.first_times["pcm"] = now()
                         made = guess.first_chunk_at if guess is not None else None
-                        self._check_start(1000.0 * ((made or now()) - began))
+                        self._check_start(1000.0 * ((now() if made is None else made) - began))
                     if chunk.words:  # before the frames they describe
                         self.sink.control(timed_words(self.start.context, seg, chunk.words,
                                                       seg_start_s, timing="model"))
