@@ -38,9 +38,12 @@ OPUS = dict(format="opus", sample_rate=48000, frame_ms=20)
 
 @dataclass
 class PlannedVoice:
-    """Yields ``PLAN_MS`` chunks; before chunk k the clock moves ``R * COST_MS[k]``."""
+    """Yields ``PLAN_MS`` chunks; before chunk k the clock moves
+    ``rtf * slow * COST_MS[k]`` (``slow``: how much slower the host is now)."""
 
     clock: ManualClock
+    rtf: float = R
+    slow: float = 1.0
     info: VoiceInfo = field(default_factory=lambda: VoiceInfo(
         name="planned:v", family="planned", sample_rate=RATE,
         chunk_plan_ms=PLAN_MS, chunk_cost_ms=COST_MS))
@@ -53,7 +56,7 @@ class PlannedVoice:
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
         for ms, cost in zip(PLAN_MS, COST_MS, strict=True):
-            self.clock.advance(R * cost / 1000.0)
+            self.clock.advance(self.rtf * self.slow * cost / 1000.0)
             yield PcmChunk(np.full(round(ms * RATE / 1000), 0.1, np.float32), RATE)
 
 
@@ -70,7 +73,8 @@ class TimedSink(RecordingSink):
         await super().audio(event)
 
 
-async def _speak(core: SpeechCore, clock: ManualClock, name: str) -> TimedSink:
+async def speak_one(core: SpeechCore, clock: ManualClock, name: str) -> TimedSink:
+    """Context ``name``: one sentence, fed and ended at once, spoken to the end."""
     sink = TimedSink(clock)
     ctx = core.open(Start(context=name, **OPUS), sink)  # type: ignore[arg-type]
     ctx.feed("One sentence, spoken in chunks.")
@@ -84,8 +88,8 @@ async def test_a_listener_that_honours_the_hint_does_not_run_dry() -> None:
     voice = PlannedVoice(clock)
     core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
                       segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
-    await _speak(core, clock, "warm")  # the voice's measured r is now R
-    sink = await _speak(core, clock, "c")
+    await speak_one(core, clock, "warm")  # the voice's measured r is now R
+    sink = await speak_one(core, clock, "c")
     hint = next(e for e in sink.events if isinstance(e, BufferHint))
     assert abs(hint.rtf - R) < 0.01
     # What the listener holds as it arrives: 20 ms frames, less the Opus

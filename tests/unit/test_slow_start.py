@@ -12,54 +12,18 @@ plan on an injected clock, no sockets; the listener is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 
-import numpy as np
 import pytest
 
-from rtserver.audio.pcm import PcmChunk
 from rtserver.clock import ManualClock
 from rtserver.core import AudioFrames, SpeechCore
 from rtserver.pacing.hints import HintConfig, simulate_playback
 from rtserver.protocol.messages import BufferHint, Start
 from rtserver.testing.wait import wait_until_async
 from rtserver.text.segmenter import SegmenterConfig
-from rtserver.voices.base import SynthesisRequest, VoiceInfo
-from tests.unit.test_core_heard_hint import COST_MS, OPUS, PLAN_MS, RATE, TimedSink
+from tests.unit.test_core_heard_hint import OPUS, PlannedVoice, TimedSink, speak_one
 
 R = 0.05  # low enough that the usual hint starts on the first chunk
-
-
-@dataclass
-class SlowableVoice:
-    """Piper's chunk plan; before chunk k the clock moves ``R * slow * COST_MS[k]``."""
-
-    clock: ManualClock
-    slow: float = 1.0
-    info: VoiceInfo = field(default_factory=lambda: VoiceInfo(
-        name="planned:v", family="planned", sample_rate=RATE,
-        chunk_plan_ms=PLAN_MS, chunk_cost_ms=COST_MS))
-
-    async def warm_up(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def synthesize(self, request: SynthesisRequest) -> AsyncGenerator[PcmChunk, None]:
-        for ms, cost in zip(PLAN_MS, COST_MS, strict=True):
-            self.clock.advance(R * self.slow * cost / 1000.0)
-            yield PcmChunk(np.full(round(ms * RATE / 1000), 0.1, np.float32), RATE)
-
-
-async def _speak(core: SpeechCore, clock: ManualClock, name: str) -> TimedSink:
-    sink = TimedSink(clock)
-    ctx = core.open(Start(context=name, **OPUS), sink)  # type: ignore[arg-type]
-    ctx.feed("One sentence, spoken in chunks.")
-    ctx.end()
-    assert await ctx.run() == "done"
-    return sink
 
 
 def _hints_before_audio(sink: TimedSink) -> list[BufferHint]:
@@ -82,21 +46,21 @@ def _listener_underruns(sink: TimedSink, prebuffer_ms: float) -> int:
     return simulate_playback(late, prebuffer_ms).underruns
 
 
-def _core(voice: SlowableVoice, clock: ManualClock) -> SpeechCore:
+def _core(voice: PlannedVoice, clock: ManualClock) -> SpeechCore:
     return SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
                       segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
 
 
 async def test_a_slow_first_chunk_asks_the_listener_to_wait_for_more() -> None:
     clock = ManualClock(50.0)
-    voice = SlowableVoice(clock)
+    voice = PlannedVoice(clock, rtf=R)
     core = _core(voice, clock)
     for k in range(3):  # the voice's usual first chunk, and its r
-        usual = await _speak(core, clock, f"usual{k}")
+        usual = await speak_one(core, clock, f"usual{k}")
     [hint] = _hints_before_audio(usual)  # a usual start: one hint, and it holds
     assert _listener_underruns(usual, hint.prebuffer_ms) == 0
     voice.slow = 4.0  # something else takes the cores now
-    sink = await _speak(core, clock, "slow")
+    sink = await speak_one(core, clock, "slow")
     first, again = _hints_before_audio(sink)
     assert again.prebuffer_ms > first.prebuffer_ms
     assert again.rtf == pytest.approx(4.0 * first.rtf, rel=0.01)
@@ -111,13 +75,13 @@ async def test_a_slow_first_chunk_asks_the_listener_to_wait_for_more() -> None:
 
 async def test_usual_first_chunks_are_not_hinted_again() -> None:
     clock = ManualClock(50.0)
-    voice = SlowableVoice(clock)
+    voice = PlannedVoice(clock, rtf=R)
     core = _core(voice, clock)
     voice.slow = 3.0  # the first context has nothing to compare with
-    assert len(_hints_before_audio(await _speak(core, clock, "first"))) == 1
+    assert len(_hints_before_audio(await speak_one(core, clock, "first"))) == 1
     for k, slow in enumerate((1.0, 1.5, 1.9)):  # within the factor of the usual
         voice.slow = slow
-        assert len(_hints_before_audio(await _speak(core, clock, f"c{k}"))) == 1
+        assert len(_hints_before_audio(await speak_one(core, clock, f"c{k}"))) == 1
     assert core.metrics.slow_starts.labels(voice.info.name)._value.get() == 0
 
 
@@ -126,12 +90,12 @@ async def test_a_guess_waiting_for_its_cut_is_not_a_slow_start() -> None:
     5 s for the text that confirms its cut: that wait is the client's, not
     the host's, and asks for no more buffering."""
     clock = ManualClock(50.0)
-    voice = SlowableVoice(clock)
+    voice = PlannedVoice(clock, rtf=R)
     core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
                       segmenter_config=SegmenterConfig(first_max_words=3, first_wait_s=60),
                       clock=clock)
     for k in range(2):
-        await _speak(core, clock, f"usual{k}")
+        await speak_one(core, clock, f"usual{k}")
     sink = TimedSink(clock)
     ctx = core.open(Start(context="guess", **OPUS), sink)  # type: ignore[arg-type]
     async with asyncio.TaskGroup() as group:
