@@ -27,7 +27,7 @@ from tests.unit.test_core_heard_hint import (
     PlannedVoice,
     R,
     TimedSink,
-    _speak,
+    speak_one,
 )
 
 
@@ -101,11 +101,11 @@ async def test_the_prediction_is_when_a_listener_of_the_context_starts_playing()
     voice = PlannedVoice(clock)
     core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
                       segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
-    await _speak(core, clock, "warm")  # the voice is measured: r is R
+    await speak_one(core, clock, "warm")  # the voice is measured: r is R
     start = Start(context="c", **OPUS)  # type: ignore[arg-type]
     predicted = core.predicted_first_heard_ms(start)
-    text_at = clock.now()  # the whole sentence arrives now (_speak feeds, then ends)
-    sink = await _speak(core, clock, "c")
+    text_at = clock.now()  # the whole sentence arrives now (speak_one feeds, then ends)
+    sink = await speak_one(core, clock, "c")
     hint = next(e for e in sink.events if isinstance(e, BufferHint))
     # the listener holds what arrives: 20 ms frames, less the Opus pre-skip
     # (6.5 ms) at the very start; it starts once it holds the hint
@@ -145,7 +145,7 @@ async def warm_core() -> tuple[ManualClock, PlannedVoice, SpeechCore, Start]:
     voice = PlannedVoice(clock)
     core = SpeechCore({voice.info.name: voice},  # type: ignore[dict-item]
                       segmenter_config=SegmenterConfig(first_wait_s=0), clock=clock)
-    await _speak(core, clock, "warm")
+    await speak_one(core, clock, "warm")
     return clock, voice, core, Start(context="x", **OPUS)  # type: ignore[arg-type]
 
 
@@ -156,7 +156,7 @@ async def test_the_first_hint_covers_the_starts_queued_ahead_of_it() -> None:
     clock, _, core, start = await warm_core()
 
     async def first_hint(name: str) -> BufferHint:
-        sink = await _speak(core, clock, name)
+        sink = await speak_one(core, clock, name)
         return next(e for e in sink.events if isinstance(e, BufferHint))
 
     alone_hint, alone_heard = await first_hint("a"), core.predicted_first_heard_ms(start)
@@ -187,7 +187,7 @@ async def test_starts_elsewhere_count_as_the_starts_here_do() -> None:
     core.load.starting_elsewhere = lambda name: elsewhere.get(name, 0)
 
     async def first_hint(name: str) -> float:
-        sink = await _speak(core, clock, name)
+        sink = await speak_one(core, clock, name)
         return next(e for e in sink.events if isinstance(e, BufferHint)).prebuffer_ms
 
     alone = (await first_hint("a"), core.predicted_first_heard_ms(start))
@@ -215,7 +215,7 @@ async def test_a_batching_engine_s_starts_share_its_rows() -> None:
     clock, voice, core, start = await warm_core()
 
     async def first_hint(name: str) -> float:
-        sink = await _speak(core, clock, name)
+        sink = await speak_one(core, clock, name)
         return next(e for e in sink.events if isinstance(e, BufferHint)).prebuffer_ms
 
     async def hint_and_prediction(name: str) -> tuple[float, float]:
@@ -254,7 +254,7 @@ async def test_a_fresh_front_end_plans_with_the_worker_s_r_until_it_measures_its
     assert shared < far_off.default_rtf / 4
 
     async def first_hint(core: SpeechCore, name: str) -> float:
-        sink = await _speak(core, clock, name)
+        sink = await speak_one(core, clock, name)
         return next(e for e in sink.events if isinstance(e, BufferHint)).prebuffer_ms
 
     def fresh(elsewhere: float | None) -> SpeechCore:
