@@ -114,12 +114,22 @@ class Bf16Decoder:
         # share the shapes out: the embedded voice's 10 shapes took 3.4 s on one
         # request and 1.7 s on two, on 2 cores (then 0.2 s on either).
         self.sizes = tuple(range(bucket_frames, shapes * bucket_frames, bucket_frames))
-        lanes = min(len(requests), len(self.sizes))
+
+        def run(request: Any, size: int) -> None:
+            request.infer(self._feed(np.zeros((1, self.inputs[cut.z], size), np.float32), None))
+
+        # The first shape on this thread alone: OpenVINO's Python binding sets
+        # up its numpy bridge at its first tensor access (pybind11's
+        # gil_safe_call_once_and_store), and two threads that race into it
+        # deadlock (py-spy of a hung start: one in __cxa_guard_acquire, the
+        # other in that call_once; 1 of 14 `rtserver say` runs, 2026-12-06).
+        run(requests[0], self.sizes[0])
+        rest = self.sizes[1:]
+        lanes = max(1, min(len(requests), len(rest)))
 
         def warm(lane: int) -> None:
-            for size in self.sizes[lane::lanes]:
-                requests[lane].infer(self._feed(
-                    np.zeros((1, self.inputs[cut.z], size), np.float32), None))
+            for size in rest[lane::lanes]:
+                run(requests[lane], size)
 
         with ThreadPoolExecutor(lanes, thread_name_prefix="bf16-warm") as warming:
             list(warming.map(warm, range(lanes)))  # raises a lane's error
