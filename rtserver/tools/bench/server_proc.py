@@ -106,7 +106,8 @@ def spawn(command: Sequence[str], port: int, log_path: Path, *, ready_timeout_s:
             return server
         if time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"server not ready after {ready_timeout_s:.0f} s")
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"server not ready after {ready_timeout_s:.0f} s; its log:\n{tail}")
         time.sleep(0.2)
 
 
