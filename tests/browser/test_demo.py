@@ -104,8 +104,19 @@ def test_time_to_first_heard_audio_on_an_idle_server(demo_server: DemoServer, pa
     """The page's time to sound (``startLatencyMs``: first text sent -> playback
     started, after the server's buffer hint) for a short sentence on an idle
     server, printed beside TTFA. Issue 14's target is <= 300 ms on the 2-core CI
-    machine; speed is shown by benchmarks, so only the order of events is asserted."""
-    page.navigate(demo_server.url(f"autoplay=1&text={quote(IDLE_TEXT)}"))
+    machine; speed is shown by benchmarks, so only the order of events is asserted.
+
+    Spoken as a person would: the page loaded and settled (connected, voices
+    listed, its main thread idle), then Speak. With ``autoplay`` the new
+    browser's loading shares the 2 cores with the reply; it ran dry in 2 of 5
+    full runs on 2026-12-06, once with the server's first chunk 4x late, once
+    with the page's decoder behind what it had received. The first test
+    covers speaking on load."""
+    page.navigate(demo_server.url(f"text={quote(IDLE_TEXT)}"))
+    page.wait_for("window.rtDemo && rtDemo.ready !== null && document.readyState === 'complete'"
+                  " && document.querySelectorAll('#voice option').length > 0", scaled(60))
+    page.evaluate("new Promise((r) => requestIdleCallback(() => r(true), {timeout: 2000}))")
+    page.evaluate(f"rtDemo.speak({json.dumps(IDLE_TEXT)}).then(() => true)")
     stats = wait_finished(page)
     assert_heard_everything(stats)
     print(f"\nbrowser demo, idle server, {IDLE_TEXT!r}: startLatencyMs "
