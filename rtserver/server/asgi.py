@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -89,10 +90,21 @@ class AsgiWebSocket:
         except TimeoutError:
             self.abort()
 
+    def claim_rejection(self) -> bool:
+        """``WsTransport.claim_rejection``: shared with the budgeted protocol
+        (``ws_protocol``), the owner of ``send``; other servers: always True."""
+        claim = getattr(self._owner(), "claim_rejection", None)
+        return True if claim is None else bool(claim())
+
+    def _owner(self) -> object | None:
+        """The object whose method ``send`` is, under any middleware's wrapper
+        that names it (``__wrapped__``): uvicorn's protocol, or None."""
+        return getattr(inspect.unwrap(self._send), "__self__", None)
+
     def abort(self) -> None:
         """Drop the TCP connection now, unsent data included (uvicorn's
         protocol object is the owner of ``send``; other servers: no-op)."""
-        transport = getattr(getattr(self._send, "__self__", None), "transport", None)
+        transport = getattr(self._owner(), "transport", None)
         if transport is not None:
             transport.abort()
 

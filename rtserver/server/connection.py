@@ -119,7 +119,7 @@ class Connection:
             err = eg.exceptions[0]
             assert isinstance(err, RtError) and err.close_code is not None
             metrics.errors.labels(err.code.value).inc()
-            if isinstance(err, ControlFlood):
+            if isinstance(err, ControlFlood) and self.ws.claim_rejection():
                 metrics.rejected.labels("control_flood").inc()
             close = CloseConnection(err.close_code, err.message[:120])
             last = err

@@ -117,6 +117,9 @@ class RequestIdMiddleware:
                 message = {"type": kind, "body": body}
             await send(message)
 
+        # the server's own send under it (inspect.unwrap): AsgiWebSocket reaches
+        # uvicorn's protocol object through it (abort, claim_rejection)
+        send_with_id.__wrapped__ = send  # type: ignore[attr-defined]
         with request_scope(rid):
             await self.app(scope, receive, send_with_id)
 

@@ -24,3 +24,9 @@ class WsTransport(Protocol):
         before the close frame, both behind what is already sent; a peer that
         reads neither in a bounded time is cut off. A no-op once closed."""
         ...
+
+    def claim_rejection(self) -> bool:
+        """True the first time this connection's refusal is to be counted: a
+        flood can be refused twice at once, by the app (its replies pile up
+        unread) and by the server's input budget, and counts once."""
+        ...

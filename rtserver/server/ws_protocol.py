@@ -45,7 +45,8 @@ def budgeted_protocol(config: ServerConfig, clock: Clock,
                       on_flood: Callable[[], None]) -> type[WebSocketsSansIOProtocol]:
     """The protocol class uvicorn makes per WebSocket (``ws=``), with these
     limits; ``on_flood`` is called for each connection cut off (not for one
-    the app was already closing: it counted its own reason)."""
+    the app was already closing, or had refused itself: it counted its own
+    reason; ``claim_rejection``, which the app's ``AsgiWebSocket`` shares)."""
 
     class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -59,6 +60,13 @@ def budgeted_protocol(config: ServerConfig, clock: Clock,
             self._frames = 0
             self._cut = False
             self._first: float | None = None  # when its first message's bytes came
+            self._rejection_claimed = False  # its refusal was counted (here or by the app)
+
+        def claim_rejection(self) -> bool:
+            """True the first time (``WsTransport.claim_rejection``)."""
+            first = not self._rejection_claimed
+            self._rejection_claimed = True
+            return first
 
         # --- input: the budget first ------------------------------------------
 
@@ -124,7 +132,7 @@ def budgeted_protocol(config: ServerConfig, clock: Clock,
             since = clock.now() - (self._first if self._first is not None else clock.now())
             log.warning("flood cut off: %s:%s after %.3f s of input (%d messages)",
                         *(self.client or ("?", 0)), since, self._frames)
-            if not self.close_sent:
+            if not self.close_sent and self.claim_rejection():
                 on_flood()
             self._cut = True
             self._held.clear()
