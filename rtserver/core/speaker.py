@@ -305,20 +305,20 @@ class Speaker:
         hints = self.shared.hint_config
         now = self.shared.clock.now()
         rtf = stats.rtf_estimate(hints.percentile, now)
-        chunks, cost = hint_chunks(self.voice.info, self.heard,
-                                   at_start=self.ledger.next_seq == 0,
+        at_start = self.ledger.next_seq == 0  # before the context's first audio
+        chunks, cost = hint_chunks(self.voice.info, self.heard, at_start=at_start,
                                    segment_chars=len(seg.text), index=seg.index,
                                    audio_ms_per_char=stats.audio_ms_per_char,
                                    limit=self.shared.segmenter_config.limit)
         jitter = hints.jitter_ms
         queued = 0.0
-        if self.ledger.next_seq == 0:  # the first audio: others' first chunks come first
+        if at_start:  # others' first chunks come first
             others = self.shared.load.starting_ahead(self.voice.info.name, now) - (
                 id(self.ledger) in self.shared.load.starting)
             queued = queued_ahead_ms(others, rtf, chunks, self.voice.info)
             jitter += queued
         hint = prebuffer_ms(rtf, chunks, jitter, cost_ms=cost)
-        if self.ledger.next_seq == 0:
+        if at_start:
             self._start_plan = _StartPlan(rtf, chunks, cost, jitter, queued, hint)
         if self.first_hint_ms is None:
             self.first_hint_ms = hint

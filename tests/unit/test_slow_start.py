@@ -21,7 +21,7 @@ from rtserver.pacing.hints import HintConfig, simulate_playback
 from rtserver.protocol.messages import BufferHint, Start
 from rtserver.testing.wait import wait_until_async
 from rtserver.text.segmenter import SegmenterConfig
-from tests.unit.test_core_heard_hint import OPUS, PlannedVoice, TimedSink, speak_one
+from tests.unit.test_core_heard_hint import COST_MS, OPUS, PlannedVoice, TimedSink, speak_one
 
 R = 0.05  # low enough that the usual hint starts on the first chunk
 
@@ -100,10 +100,12 @@ async def test_a_guess_waiting_for_its_cut_is_not_a_slow_start() -> None:
     ctx = core.open(Start(context="guess", **OPUS), sink)  # type: ignore[arg-type]
     async with asyncio.TaskGroup() as group:
         run = group.create_task(ctx.run())
+        made_at = clock.now() + R * sum(COST_MS) / 1000.0  # the voice moves the clock
         ctx.feed("One two three")
-        await wait_until_async(lambda: core.metrics.first_segment_guesses.labels(
-            voice.info.name, "started")._value.get() == 1, "a guess")
-        await asyncio.sleep(0)  # it makes its chunks at once
+        await wait_until_async(lambda: clock.now() >= made_at - 1e-9,
+                               "the guess made all its chunks")
+        assert core.metrics.first_segment_guesses.labels(
+            voice.info.name, "started")._value.get() == 1
         clock.advance(5.0)
         ctx.feed(" four.")
         ctx.end()

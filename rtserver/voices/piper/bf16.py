@@ -125,14 +125,15 @@ class Bf16Decoder:
         # other in that call_once; 1 of 14 `rtserver say` runs, 2026-12-06).
         run(requests[0], self.sizes[0])
         rest = self.sizes[1:]
-        lanes = max(1, min(len(requests), len(rest)))
+        lanes = min(len(requests), len(rest))
 
         def warm(lane: int) -> None:
             for size in rest[lane::lanes]:
                 run(requests[lane], size)
 
-        with ThreadPoolExecutor(lanes, thread_name_prefix="bf16-warm") as warming:
-            list(warming.map(warm, range(lanes)))  # raises a lane's error
+        if lanes:
+            with ThreadPoolExecutor(lanes, thread_name_prefix="bf16-warm") as warming:
+                list(warming.map(warm, range(lanes)))  # raises a lane's error
         for request in requests:
             self._requests.put(request)
         self.shapes: set[int] = set(self.sizes)
