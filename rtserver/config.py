@@ -59,6 +59,9 @@ class ServerConfig:
     send_queue_ms: int = 10_000
     # A send blocked this long means the client stopped reading: overloaded.
     overload_after_s: float = 10.0
+    # A close frame (and the message before it) stuck this long behind data the
+    # client does not read: the TCP connection is dropped (server.asgi).
+    close_timeout_s: float = 5.0
     # Kernel send buffer per connection, bytes; 0 keeps the OS default.
     socket_send_buffer: int = 0
     drain_timeout_s: float = 10.0
@@ -464,6 +467,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"server.{name} must be > 0")
     if s.overload_after_s <= 0:
         raise ConfigError("server.overload_after_s must be > 0")
+    if s.close_timeout_s <= 0:
+        raise ConfigError("server.close_timeout_s must be > 0")
     if s.log_format not in ("text", "json"):
         raise ConfigError(f"server.log_format {s.log_format!r}: 'text' or 'json'")
     for name in ("max_queued_messages", "messages_per_s", "message_burst", "input_bytes_per_s",

@@ -25,6 +25,7 @@ from starlette.responses import Response
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 from websockets.frames import Close
 
+from rtserver.server import tcp
 from rtserver.server.http import (
     HttpRequest,
     HttpResponse,
@@ -33,7 +34,8 @@ from rtserver.server.http import (
 )
 from rtserver.server.state import AppState
 
-# A close frame stuck behind unread data this long: the TCP connection is dropped.
+# A close frame stuck behind unread data this long: the TCP connection is dropped
+# (``server.close_timeout_s``'s default).
 CLOSE_TIMEOUT_S = 5.0
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,11 +48,13 @@ class AsgiWebSocket:
     not read), ``close``. A gone peer raises ``ConnectionClosed`` (websockets'
     exception: what ``Connection`` catches)."""
 
-    def __init__(self, receive: Receive, send: Send, request: HttpRequest) -> None:
+    def __init__(self, receive: Receive, send: Send, request: HttpRequest, *,
+                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         self._receive = receive
         self._send = send
         self.request = request
         self.close_code: int | None = None
+        self.close_timeout_s = close_timeout_s
 
     async def recv(self) -> str | bytes:
         if self.close_code is not None:
@@ -76,12 +80,12 @@ class AsgiWebSocket:
         """Send ``last`` (if any), then the close frame. uvicorn's ``send``
         writes only once the client has read the socket's buffer down, so both
         wait behind unread data; a client that reads neither within
-        ``CLOSE_TIMEOUT_S`` (one deadline for both) is cut off (``abort``)."""
+        ``close_timeout_s`` (one deadline for both) is cut off (``abort``)."""
         if self.close_code is not None:
             return
         self.close_code = code
         try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(self.close_timeout_s):
                 with contextlib.suppress(OSError, RuntimeError):
                     if last is not None:
                         await self._send({"type": "websocket.send", "text": last})
@@ -102,11 +106,11 @@ class AsgiWebSocket:
         return getattr(inspect.unwrap(self._send), "__self__", None)
 
     def abort(self) -> None:
-        """Drop the TCP connection now, unsent data included (uvicorn's
+        """Reset the TCP connection now, unsent data included (uvicorn's
         protocol object is the owner of ``send``; other servers: no-op)."""
         transport = getattr(self._owner(), "transport", None)
         if transport is not None:
-            transport.abort()
+            tcp.reset(transport)
 
 
 def _closed(code: int) -> ConnectionClosedOK | ConnectionClosedError:
@@ -247,7 +251,8 @@ class RtAsgi:
             return
         try:  # admitted: one connection slot is held until this ends
             await send({"type": "websocket.accept"})
-            ws = AsgiWebSocket(receive, send, request)
+            ws = AsgiWebSocket(receive, send, request,
+                               close_timeout_s=self.app.config.server.close_timeout_s)
             try:
                 await self.on_websocket(ws)
             finally:

@@ -32,6 +32,7 @@ from websockets.frames import Frame
 from rtserver.clock import Clock
 from rtserver.config import ServerConfig
 from rtserver.errors import ControlFlood
+from rtserver.server import tcp
 from rtserver.server.admission import InputBudget
 
 log = logging.getLogger("rtserver.connection")
@@ -148,7 +149,7 @@ def budgeted_protocol(config: ServerConfig, clock: Clock,
                 self.conn.fail(1008, reason[:120])
                 self.transport.write(b"".join(self.conn.data_to_send()))
                 if self.transport.get_write_buffer_size() > 0:
-                    self.transport.abort()  # it reads nothing: no waiting on it
+                    tcp.reset(self.transport)  # it reads nothing: no waiting on it
                 else:
                     self.transport.close()
 

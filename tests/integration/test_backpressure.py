@@ -65,3 +65,43 @@ async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> Non
                                "no audio queued once the stalled reader is gone")
     finally:
         srv.stop()
+
+
+TCP_CLOSE = 7  # Linux's TCP states (include/net/tcp_states.h): after a reset
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The socket's TCP state, as the kernel has it (TCP_INFO's first byte)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+async def test_a_client_that_reads_nothing_is_dropped_when_its_close_cannot_be_sent() -> None:
+    """Overloaded, its error and close frame wait behind audio it never reads;
+    past ``close_timeout_s`` the server resets the TCP connection rather than
+    keep it (and its unsent audio) open."""
+    srv = ServerThread.with_settings(server={
+        "overload_after_s": 1.0, "close_timeout_s": 0.5, "socket_send_buffer": 16384,
+    }).start()
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        async with connect(srv.url, sock=sock, compression=None, max_size=None,
+                           max_queue=1, ping_interval=None) as stalled:
+            await stalled.recv()  # ready; from here on the client reads nothing
+            await stalled.send(json.dumps({"type": "start", "context": "s",
+                                           "format": "pcm_s16le", "sample_rate": 48000}))
+            await stalled.send(json.dumps({"type": "text", "context": "s", "text": LONG}))
+            await stalled.send(json.dumps({"type": "end", "context": "s"}))
+            await wait_until_async(
+                lambda: metric(srv, "rtserver_errors_total", code="overloaded") >= 1,
+                "the server finds the reader overloaded")
+            # its close cannot go out; the connection is reset, not left open
+            await wait_until_async(lambda: tcp_state(sock) == TCP_CLOSE,
+                                   "the server resets the connection")
+            await wait_until_async(lambda: metric(srv, "rtserver_active_connections") == 0,
+                                   "the server holds no connection")
+            assert metric(srv, "rtserver_send_queue_audio_seconds") == 0
+            assert stalled.close_code is None  # no close frame ever reached it
+    finally:
+        srv.stop()
