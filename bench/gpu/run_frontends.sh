@@ -12,6 +12,8 @@
 #            (unset or 0: none)
 #   PYSPY_AT a level of the sweep: py-spy samples the worker and front end 0 in it (needs
 #            /tmp/site/bin/py-spy, staged with bench/gpu/server-wheels.txt)
+#   PYSPY_ARGS more py-spy flags, e.g. "--idle --native": a thread waiting for the GIL sleeps
+#            in take_gil (a condition wait), which py-spy drops as idle unless --idle
 # The front ends are this script's own processes (no supervisor), so the bench runs with
 # --url: its CPU table counts only the bench; the front ends' and the worker's CPU is in
 # $O/logs/ps-F.txt (ps after each sweep).
@@ -56,7 +58,7 @@ for F in ${FRONTENDS:-1 2 4 8}; do
     ( until grep -qs "sweep $PYSPY_AT: " "$O/logs/bench-$F.log"; do sleep 0.5; done
       sleep $(( ${STAGGER:-0} + 2 ))
       for w in worker:$WPID front0:${PIDS[0]}; do
-        /tmp/site/bin/py-spy record -p ${w#*:} -d 6 -r 100 -f raw --threads --nonblocking \
+        /tmp/site/bin/py-spy record -p ${w#*:} -d 6 -r 100 -f raw --threads --nonblocking ${PYSPY_ARGS:-} \
           -o "$O/logs/pyspy-${w%%:*}-$PYSPY_AT.txt" > /dev/null 2>&1 &
       done; wait ) & SPY=$!
   fi
