@@ -132,8 +132,11 @@ class ChunkConfig:
             c = min(self.max_chunk_frames, self.second_frames)
         else:
             c = min(self.max_chunk_frames, max(c, math.ceil(c * self.growth)))
-        for _ in range(k - 1):
-            c = min(self.max_chunk_frames, max(c, math.ceil(c * self.growth)))
+        for _ in range(k - 1):  # a fixed point once it stops growing (the cap)
+            grown = min(self.max_chunk_frames, max(c, math.ceil(c * self.growth)))
+            if grown == c:
+                break
+            c = grown
         return c
 
 
