@@ -7,6 +7,7 @@
 # decoder's batcher) is read from /proc before and after. Prints one line:
 #   loop_cpu_ms=... audio_s=... ms_per_audio_s=... chunks=... (and the bench's table row)
 # Run from the repository root with its venv: STREAMS=24 DURATION=25 bash bench/cpu/worker_loop_cpu.sh
+# (CHATTTS_EXTRA='stream_interval = 8': a line added to the [chattts] table)
 set -euo pipefail
 STREAMS=${STREAMS:-24}; DURATION=${DURATION:-25}; SEED=${SEED:-loop}
 PY=${PY:-.venv/bin/python}
@@ -15,13 +16,14 @@ read -r PORT MPORT WPORT < <($PY -c "
 import socket
 ss=[socket.socket() for _ in range(3)]
 [s.bind(('127.0.0.1',0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])")
-$PY - "$W" "$MPORT" "$WPORT" <<'EOF'
+$PY - "$W" "$MPORT" "$WPORT" "${CHATTTS_EXTRA:-}" <<'EOF'
 import json, sys
 from pathlib import Path
 import numpy as np
 from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.chattts.speaker import encode_speaker
 w, mport, wport = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+extra = sys.argv[4]  # CHATTTS_EXTRA: lines added to [chattts]
 root = w / "chattts"
 write_tiny_chattts(root)
 vec = np.random.default_rng(5).standard_normal(32).astype(np.float32)
@@ -39,6 +41,7 @@ voices_file = "{root / 'voices.json'}"
 seeds = "1"
 ignore_eos = true
 warm_up_steps = 2
+{extra}
 [gpu]
 worker = "process"
 frontends = 1
