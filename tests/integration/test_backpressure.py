@@ -6,7 +6,7 @@ import asyncio
 import json
 import socket
 
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from rtserver.client import RtClient
@@ -19,22 +19,33 @@ from .util import metric
 LONG = " ".join(["A stalled listener must not slow anyone else down at all."] * 20)
 
 
+def small_window(srv: ServerThread) -> socket.socket:
+    """A socket connected to ``srv`` with a 4 KiB receive buffer: unread audio
+    fills it, then the server's, at once."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", srv.port))
+    return sock
+
+
+async def ask_for_long_pcm(ws: ClientConnection) -> None:
+    """Wait for ``ready``, then ask for LONG as PCM at 48 kHz (96 kB a second
+    of audio: buffers fill at once)."""
+    await ws.recv()  # ready
+    await ws.send(json.dumps({"type": "start", "context": "s",
+                              "format": "pcm_s16le", "sample_rate": 48000}))
+    await ws.send(json.dumps({"type": "text", "context": "s", "text": LONG}))
+    await ws.send(json.dumps({"type": "end", "context": "s"}))
+
+
 async def test_stalled_reader_gets_overloaded_and_others_are_unaffected() -> None:
     srv = ServerThread.with_settings(server={
         "overload_after_s": 1.0, "send_queue_ms": 2000, "socket_send_buffer": 16384,
     }).start()
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", srv.port))
-        async with connect(srv.url, sock=sock, compression=None, max_size=None,
+        async with connect(srv.url, sock=small_window(srv), compression=None, max_size=None,
                            max_queue=1) as stalled:
-            await stalled.recv()  # ready
-            # PCM at 48 kHz is 96 kB per second of audio: buffers fill at once
-            await stalled.send(json.dumps({"type": "start", "context": "s",
-                                           "format": "pcm_s16le", "sample_rate": 48000}))
-            await stalled.send(json.dumps({"type": "text", "context": "s", "text": LONG}))
-            await stalled.send(json.dumps({"type": "end", "context": "s"}))
+            await ask_for_long_pcm(stalled)
             # the audio waiting for it shows on /metrics while it is stalled
             await wait_until_async(
                 lambda: metric(srv, "rtserver_send_queue_audio_seconds") >= 1.0,
@@ -83,16 +94,10 @@ async def test_a_client_that_reads_nothing_is_dropped_when_its_close_cannot_be_s
         "overload_after_s": 1.0, "close_timeout_s": 0.5, "socket_send_buffer": 16384,
     }).start()
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", srv.port))
+        sock = small_window(srv)
         async with connect(srv.url, sock=sock, compression=None, max_size=None,
                            max_queue=1, ping_interval=None) as stalled:
-            await stalled.recv()  # ready; from here on the client reads nothing
-            await stalled.send(json.dumps({"type": "start", "context": "s",
-                                           "format": "pcm_s16le", "sample_rate": 48000}))
-            await stalled.send(json.dumps({"type": "text", "context": "s", "text": LONG}))
-            await stalled.send(json.dumps({"type": "end", "context": "s"}))
+            await ask_for_long_pcm(stalled)  # and from here on it reads nothing
             await wait_until_async(
                 lambda: metric(srv, "rtserver_errors_total", code="overloaded") >= 1,
                 "the server finds the reader overloaded")
