@@ -268,9 +268,10 @@ def test_a_drain_lets_a_speech_response_finish() -> None:
         t0 = time.monotonic()
         while chunk := sock.recv(4096):
             data += chunk
-            # a slow reader, 80 kB/s whatever recv returns: over 10 s of speech
-            # (480 kB; it is ~880 kB) takes over 6 s, past uvicorn's 5 s grace
-            time.sleep(max(0.0, t0 + len(data) / 80_000 - time.monotonic()))
+            # a slow reader, 120 kB/s whatever recv returns (pacing only slows it):
+            # over 10 s of speech (480 kB; it is ~880 kB) takes over 7 s, past
+            # uvicorn's 5 s grace
+            time.sleep(max(0.0, t0 + len(data) / 120_000 - time.monotonic()))
         took = time.monotonic() - t0
         sock.close()
         assert data.endswith(b"0\r\n\r\n")  # the whole chunked body, then its end
