@@ -25,6 +25,7 @@ from starlette.responses import Response
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 from websockets.frames import Close
 
+from rtserver.config import ServerConfig
 from rtserver.server import tcp
 from rtserver.server.http import (
     HttpRequest,
@@ -34,9 +35,6 @@ from rtserver.server.http import (
 )
 from rtserver.server.state import AppState
 
-# A close frame stuck behind unread data this long: the TCP connection is dropped
-# (``server.close_timeout_s``'s default).
-CLOSE_TIMEOUT_S = 5.0
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -49,7 +47,7 @@ class AsgiWebSocket:
     exception: what ``Connection`` catches)."""
 
     def __init__(self, receive: Receive, send: Send, request: HttpRequest, *,
-                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+                 close_timeout_s: float = ServerConfig().close_timeout_s) -> None:
         self._receive = receive
         self._send = send
         self.request = request
