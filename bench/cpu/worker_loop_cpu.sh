@@ -4,8 +4,9 @@
 # threads). A tiny ChatTTS (random weights: speed real for the loop, noise for sound) behind
 # `rtserver serve` with [gpu] worker = "process" and one front end; the bench runs STREAMS users
 # for DURATION s; the worker's main thread (its event loop: ZMQ, the voices' streams, the
-# decoder's batcher) is read from /proc before and after. Prints one line:
-#   loop_cpu_ms=... audio_s=... ms_per_audio_s=... chunks=... (and the bench's table row)
+# decoder's batcher) is read from /proc before and after. Prints
+#   loop_cpu_ms=... audio_s=... ms_per_audio_s=... chunks=...
+# then the bench's two table rows for the level (TTFA and first heard; underruns).
 # Run from the repository root with its venv: STREAMS=24 DURATION=25 bash bench/cpu/worker_loop_cpu.sh
 # (CHATTTS_EXTRA='stream_interval = 8': a line added to the [chattts] table)
 set -euo pipefail
@@ -64,11 +65,15 @@ $PY -m rtserver.tools.bench --url "ws://127.0.0.1:$PORT/v1/stream" --voice chatt
   --fragment token --tokens-per-s 40 --concurrency "$STREAMS" --duration "$DURATION" --stagger-s 4 \
   --warmup 1 --no-plots --seed "$SEED" --out "$W/b" > "$W/bench.log" 2>&1
 t1=$(ticks)
-row=$(grep -h "^| $STREAMS " "$W/b/summary.md" | tail -1)
+ttfa=$(grep -h "^| $STREAMS " "$W/b/summary.md" | head -1)  # TTFA and first heard, ms
+row=$(grep -h "^| $STREAMS " "$W/b/summary.md" | tail -1)  # underruns, rtf, audio
 audio=$(echo "$row" | awk -F'|' '{gsub(/ /, "", $12); print $12}')
 chunks=$($PY -c "import urllib.request; print(next(l.split()[1] for l in urllib.request.urlopen(
   'http://127.0.0.1:$MPORT/metrics').read().decode().splitlines()
   if l.startswith('rtserver_gpu_worker_chunk_delay_seconds_count')))")
 ms=$(( (t1 - t0) * 1000 / $(getconf CLK_TCK) ))
 echo "loop_cpu_ms=$ms audio_s=$audio ms_per_audio_s=$($PY -c "print(round($ms / $audio, 2))") chunks=$chunks"
+echo "| streams | contexts | TTFA p50 | p95 | p99 | max | first heard p50 | first heard p99 | ..."
+echo "$ttfa"
+echo "| level | contexts | underran | underruns | stalled p99 | max gap p99 | behind p99 | prebuffer p50 | playback start p50 | rtf p50 | audio s | errors |"
 echo "$row"
