@@ -16,6 +16,7 @@ import uvicorn
 from rtserver.cache import PhraseCache
 from rtserver.config import Config, ServerConfig
 from rtserver.errors import CloseCode, ErrorCode
+from rtserver.gc_heap import freeze_heap
 from rtserver.server.admin_api import AdminApi
 from rtserver.server.asgi import AsgiWebSocket, RtAsgi
 from rtserver.server.connection import Connection
@@ -263,6 +264,7 @@ async def serve_forever(config: Config, *, on_ready: Callable[[RtServer], Awaita
     stopping.cancel()
     starting.result()  # a failed start raises here
     assert server.app is not None
+    freeze_heap()  # what start-up made is never collected again (rtserver.gc_heap)
     notify_ready()
     if on_ready is not None:
         await on_ready(server)

@@ -57,6 +57,7 @@ from prometheus_client.registry import Collector
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError, UnknownVoice
+from rtserver.gc_heap import GcPauses, freeze_heap
 from rtserver.logs import request_scope
 from rtserver.pacing.hints import HintConfig
 from rtserver.pacing.rates import RtfTracker
@@ -521,6 +522,8 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     voice_set = await load_worker_voices(config, say)
+    frozen = freeze_heap()  # the GIL never waits on collections of start-up's objects
+    say(f"{frozen} objects frozen out of garbage collection")
     try:
         families = {v.info.family for v in voice_set.voices.values()}
         server = WorkerServer(voice_set.voices, by_spec=voice_set.by_spec,
@@ -592,7 +595,7 @@ def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer
     if not port:
         return None
     registry = CollectorRegistry()
-    for collector in [*voice_set.collectors, WorkerCollector(server)]:
+    for collector in [*voice_set.collectors, WorkerCollector(server), GcPauses.install()]:
         registry.register(collector)
     httpd, _ = start_http_server(port, addr=config.server.host, registry=registry)
     return httpd

@@ -1,0 +1,40 @@
+"""The garbage collector's pauses on /metrics, and the frozen start-up heap."""
+
+from __future__ import annotations
+
+import gc
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rtserver.gc_heap import GcPauses, freeze_heap
+
+
+def _value(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_collections_are_timed_per_generation_and_shown() -> None:
+    pauses = GcPauses.install()
+    assert GcPauses.install() is pauses  # one hook per process
+    registry = CollectorRegistry()
+    registry.register(pauses)
+    before = generate_latest(registry).decode()
+    gc.collect()  # a full collection
+    after = generate_latest(registry).decode()
+    assert (_value(after, 'rtserver_gc_collections_total{generation="2"}')
+            == _value(before, 'rtserver_gc_collections_total{generation="2"}') + 1)
+    assert (_value(after, 'rtserver_gc_pause_seconds_total{generation="2"}')
+            > _value(before, 'rtserver_gc_pause_seconds_total{generation="2"}'))
+    assert _value(after, "rtserver_gc_longest_pause_seconds") > 0
+
+
+def test_the_frozen_heap_is_left_out_of_collections() -> None:
+    try:
+        frozen = freeze_heap()
+        assert frozen == gc.get_freeze_count() > 0
+        # what start-up made is no longer in any generation a collection walks
+        assert len(gc.get_objects()) < frozen
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
