@@ -84,3 +84,56 @@ async def test_a_contexts_speed_reaches_the_speed_token(tmp_path: Path) -> None:
         assert voice.info.controls.speed_range == (0.5, 2.0)
     finally:
         await voice.close()
+
+
+async def test_the_eos_step_is_never_pushed_to_the_decoder(tmp_path: Path) -> None:
+    """Steps go to the decoder stream as they arrive, less any step holding EOS in
+    a codebook (upstream drops it); a delta of EOS steps alone pushes nothing."""
+    import numpy as np
+
+    from rtserver.engine.base import CodeDelta
+
+    write_tiny_chattts(tmp_path)
+    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=1, max_len=64,
+                        seeds=(1,))
+    rt = await build_runtime(cfg)
+    eos = rt.eos_id
+    hidden = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+    deltas = [CodeDelta(((1, 2, 3, 4), (5, 6, 7, 8)), hidden[0:2]),
+              CodeDelta(((9, 9, 9, 9), (eos, 1, 1, 1)), hidden[2:4]),
+              CodeDelta(((eos, eos, eos, eos),), hidden[4:5])]
+    pushed: list[np.ndarray] = []
+
+    class Engine:
+        async def generate(self, request: object):  # type: ignore[no-untyped-def]
+            for d in deltas:
+                yield d
+
+        def release_hidden(self, request_id: str) -> None:
+            pass
+
+    class Stream:
+        async def push(self, x: object) -> list[object]:
+            pushed.append(np.array(x))
+            return []
+
+        async def finish(self) -> list[object]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    class Decoder:
+        def open_stream(self, **_: object) -> Stream:
+            return Stream()
+
+    engine, decoder = rt.engine, rt.decoder
+    rt.engine, rt.decoder = Engine(), Decoder()  # type: ignore[assignment]
+    voice = rt.voice("seed_1")
+    try:
+        chunks = [c async for c in voice.stream(SynthesisRequest(text="Hello.", request_id="e"))]
+        assert chunks == []
+        assert [p.tolist() for p in pushed] == [hidden[0:2].tolist(), hidden[2:3].tolist()]
+    finally:
+        rt.engine, rt.decoder = engine, decoder
+        await voice.close()

@@ -319,12 +319,16 @@ class ChatTTSVoice:
             steps = self._rt.engine.generate(treq)
             async with contextlib.aclosing(steps):  # type: ignore[type-var]
                 async for delta in steps:
-                    codes = np.asarray(delta.codes, dtype=np.int64)
-                    keep = ~(codes == eos).any(axis=1)  # the EOS step is not audio
-                    if not keep.any():
-                        continue
-                    # hidden states, or their indices in the engine's store
-                    x = np.asarray(delta.hidden)[keep] if hidden_route else codes[keep]
+                    # hidden states (or their indices in the engine's store), or codes;
+                    # the EOS step is not audio. Plain tuple tests: a delta holds a few
+                    # steps, and this runs for every delta of every stream on the loop
+                    x = delta.hidden if hidden_route else np.asarray(delta.codes,
+                                                                     dtype=np.int64)
+                    if any(eos in step for step in delta.codes):
+                        keep = [eos not in step for step in delta.codes]
+                        if not any(keep):
+                            continue
+                        x = np.asarray(x)[np.asarray(keep)]
                     mark_model_output(request)
                     try:
                         chunks = await stream.push(x)

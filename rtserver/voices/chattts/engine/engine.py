@@ -302,7 +302,7 @@ class TorchCodeEngine:
                 error: BaseException | None = None
                 for _rid, c, h, done, err in events:
                     if c is not None:
-                        codes.extend(tuple(row) for row in c.tolist())
+                        codes.extend(map(tuple, c.tolist()))
                         if h is not None:
                             hidden.append(h)
                     if err is not None:
