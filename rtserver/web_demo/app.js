@@ -40,7 +40,15 @@ function freshStats(context, mode) {
     startLatencyMs: null, // first text sent -> playback started (TTFA + prebuffer)
     framesReceived: 0, lastSeq: -1, seqGaps: 0, serverFrames: null, serverAudioMs: null,
     decodedRawSamples: 0, decodedSamples: 0, playedSamples: 0, playedRms: 0, bufferedMs: 0,
-    underruns: 0, underrunLog: [], stalledMs: 0, prebufferMs: null, rtf: null, aheadMs: null, segments: 0,
+    backlogMs: 0, // received audio still in the decoder (the player waits for it)
+    // Running dry, by cause (worklet.js): `underruns`/`stalledMs` with nothing
+    // received waiting in the decoder (the server or network was late);
+    // `decodeStalls`/`decodeStalledMs` while received audio still waited in the
+    // decoder (the page was late). underrunLog holds both, with their `cause`.
+    underruns: 0, underrunLog: [], stalledMs: 0,
+    decodeStalls: 0, decodeStalledMs: 0,
+    decodeWaitedMs: 0, // before the start: silence while the decoder held received audio
+    prebufferMs: null, rtf: null, aheadMs: null, segments: 0,
     tokensSent: 0, tokensTotal: null, charsSent: 0,
     // Barge-in.
     stoppedAtMs: null, playedAtStopMs: null, cancelledLastSeq: null, framesAfterStop: 0,
@@ -167,7 +175,7 @@ class Turn {
     this.tFinished = null;
     this.ending = null;
     this.feeder = null;
-    this.lastPlayedReport = 0;
+    this.lastPlayedReport = -Infinity; // none yet: the first goes as soon as audio plays
     this.stats = freshStats(this.id, mode);
   }
 }
@@ -336,8 +344,9 @@ function onServerMessage(msg) {
         onPcm: (pcm) => {
           s.decodedSamples += pcm.length;
           s.decodedRawSamples = turn.decoder.rawSamples;
-          player.push(turn.id, pcm);
+          player.push(turn.id, pcm, turn.decoder.backlogSamples);
         },
+        onBacklog: (samples) => player.setBacklog(turn.id, samples),
         onError: (e) => failTurn(turn, `decoder: ${e}`),
       });
       if (s.state === "starting") s.state = "buffering";
@@ -435,6 +444,8 @@ function onAudio(buffer) {
   s.framesReceived += m.count;
   s.lastSeq = m.seq + m.count - 1;
   for (let i = 0; i < m.count; i++) turn.decoder.decode(m.seq + i, m.frames[i]);
+  // Received but not decoded yet: the player does not start on it (worklet.js).
+  if (s.format === "opus") player.setBacklog(turn.id, turn.decoder.backlogSamples);
   if (m.flags & FLAG_LAST) {
     turn.lastFrameSeen = true;
     endAudio(turn);
@@ -478,8 +489,12 @@ function applyStatus(turn, m) {
   s.playedSamples = m.played;
   s.playedRms = m.rms;
   s.bufferedMs = round1((m.buffered / rate) * 1000);
+  s.backlogMs = round1((m.backlog / rate) * 1000);
   s.underruns = m.underruns;
   s.stalledMs = round1((m.stalled / rate) * 1000);
+  s.decodeStalls = m.decodeStalls;
+  s.decodeStalledMs = round1((m.decodeStalled / rate) * 1000);
+  s.decodeWaitedMs = round1((m.decodeWaited / rate) * 1000);
   s.playedAfterFence = m.afterFence;
   s.droppedAfterFence = m.droppedAfterFence;
   s.fadeSamples = m.fadeSamples;
@@ -500,18 +515,20 @@ function onPlayerStatus(m) {
   if (m.event === "playing") {
     if (turn.tFirstText !== null) s.startLatencyMs = round1(t - turn.tFirstText);
     graph.mark(t, "playing");
-  } else if (m.event === "underrun") {
-    graph.mark(t, "underrun");
-    // Who was late: audio the page had received but not yet played would
-    // point at the page; received == played points at the server or network.
+  } else if (m.event === "underrun" || m.event === "decode-stall") {
+    graph.mark(t, m.event);
+    // Who was late: the player's backlog (received audio still in the decoder
+    // when it ran dry) says the page ("decoder"); none, the server or network.
     const frameMs = s.frameMs || FRAME_MS;
     const u = {
+      cause: m.event === "underrun" ? "server" : "decoder",
       atMs: round1(t - turn.tStart), playedMs: round1(samplesToMs(m.played)),
       receivedMs: round1(s.framesReceived * frameMs - ((s.preSkip || 0) / 48000) * 1000),
-      decodedMs: round1(samplesToMs(s.decodedSamples)), prebufferMs: s.prebufferMs, rtf: s.rtf,
+      decodedMs: round1(samplesToMs(s.decodedSamples)), backlogMs: round1(samplesToMs(m.backlog)),
+      prebufferMs: s.prebufferMs, rtf: s.rtf,
     };
     s.underrunLog.push(u);
-    log("!", `underrun: ${JSON.stringify(u)}`);
+    log("!", `${m.event}: ${JSON.stringify(u)}`);
   } else if (m.event === "drained") {
     turn.drained = true;
     if (turn.serverDone) finish(turn, "done");
@@ -523,9 +540,14 @@ function onPlayerStatus(m) {
     stop();
     return;
   }
-  // Tell the server how far the listener is, while its context is open.
-  if (!turn.serverDone && !turn.cancelled && t - turn.lastPlayedReport >= PLAYED_REPORT_MS &&
-      m.played > 0) {
+  // Tell the server how far the listener is: the first `played` as soon as
+  // audio plays, even after `done` (the server measures the time to first
+  // heard audio from it: its arrival less audio_ms, so a later first report
+  // would carry any stall since), then every PLAYED_REPORT_MS while the
+  // context is open.
+  const first = turn.lastPlayedReport === -Infinity;
+  if (m.played > 0 && !turn.cancelled && (first || (!turn.serverDone &&
+      t - turn.lastPlayedReport >= PLAYED_REPORT_MS))) {
     turn.lastPlayedReport = t;
     s.playedReportedMs = round1(samplesToMs(m.played));
     try {
@@ -615,7 +637,9 @@ function renderStats() {
   set("st-rtf", fmt(s.rtf, "", 2));
   set("st-ahead", s.aheadMs === null ? "ahead —" : `ahead ${fmt(s.aheadMs, " ms")}`);
   set("st-underruns", String(s.underruns));
-  set("st-stalled", `${fmt(s.stalledMs, " ms")} stalled`);
+  set("st-stalled", `${fmt(s.stalledMs, " ms")} stalled` +
+    (s.decodeStalls || s.decodeWaitedMs ? ` · decoder: ${s.decodeStalls} stalls, ` +
+      `${fmt(s.decodeStalledMs + s.decodeWaitedMs, " ms")}` : ""));
   set("st-played", fmt(samplesToMs(s.playedSamples) / 1000, " s", 2));
   set("st-audio", `decoded ${fmt(samplesToMs(s.decodedSamples) / 1000, " s", 2)} · server ` +
     `${s.serverAudioMs === null ? "—" : fmt(s.serverAudioMs / 1000, " s", 2)}`);

@@ -1,6 +1,8 @@
 // One turn's audio: raw Opus packets (WebCodecs AudioDecoder) or PCM s16le
 // frames in, mono Float32Array chunks at the AudioContext's rate out, with the
 // decoder delay (`pre_skip`, counted at 48 kHz) dropped from the start.
+// `backlogSamples` is the audio received but not decoded yet (the player
+// neither starts nor blames the server while there is some).
 
 const OPUS_CONFIG = {codec: "opus", sampleRate: 48000, numberOfChannels: 1};
 const PRE_SKIP_RATE = 48000; // PROTOCOL.md: pre_skip is in samples at 48 kHz
@@ -47,15 +49,18 @@ class LinearResampler {
 
 export class TurnDecoder {
   // format: "opus" | "pcm_s16le"; streamRate: the `started` sample_rate;
-  // outRate: the AudioContext's; preSkip: `started.pre_skip`.
-  constructor({format, streamRate, outRate, preSkip, frameMs, onPcm, onError}) {
+  // outRate: the AudioContext's; preSkip: `started.pre_skip`; onBacklog(samples):
+  // an output that left nothing to hand on (all pre-skip) changed the backlog.
+  constructor({format, streamRate, outRate, preSkip, frameMs, onPcm, onBacklog, onError}) {
     this.format = format;
     this.outRate = outRate;
     this.frameMs = frameMs;
     this.onPcm = onPcm;
+    this.onBacklog = onBacklog || (() => {});
     this.onError = onError;
     this.closed = false;
     this.rawSamples = 0; // decoder output before pre-skip and resampling
+    this.submitted = 0; // Opus packets given to the decoder
     this.samples = 0; // handed on (after pre-skip, at outRate)
     this.resampler = null;
     this.resamplerFrom = outRate;
@@ -78,6 +83,7 @@ export class TurnDecoder {
   decode(seq, bytes) {
     if (this.closed) return;
     if (this.format === "opus") {
+      this.submitted += 1;
       this.dec.decode(new EncodedAudioChunk({
         type: "key", // every Opus packet decodes on its own
         timestamp: seq * this.frameMs * 1000, // microseconds
@@ -122,11 +128,26 @@ export class TurnDecoder {
       }
       x = this.resampler.process(x);
     }
-    if (x.length === 0) return;
+    if (x.length === 0) {
+      this.onBacklog(this.backlogSamples);
+      return;
+    }
     // A fresh buffer of its own, so that it can be transferred to the worklet.
     const pcm = x.byteOffset === 0 && x.length === x.buffer.byteLength / 4 ? x : x.slice();
     this.samples += pcm.length;
     this.onPcm(pcm);
+  }
+
+  // Audio given to the decoder whose output has not come out yet, in samples
+  // at outRate: whole frames only. Each packet decodes to one frame
+  // (frameMs at 48 kHz); counting whole frames keeps a decoder that trims a
+  // few samples of its own (less than a frame) from looking behind forever.
+  // PCM decodes at once: always 0.
+  get backlogSamples() {
+    if (this.format !== "opus" || this.closed) return 0;
+    const frameRaw = (PRE_SKIP_RATE * this.frameMs) / 1000;
+    const frames = Math.floor((this.submitted * frameRaw - this.rawSamples) / frameRaw);
+    return frames > 0 ? Math.round((frames * this.frameMs * this.outRate) / 1000) : 0;
   }
 
   // Resolves when every packet given so far has come out.

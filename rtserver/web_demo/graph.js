@@ -1,10 +1,11 @@
 // A small graph of the player's buffer over the turn: buffered ms, the
-// prebuffer target as a dashed line, events (start, playing, underrun, stop)
-// as ticks. The time axis covers the whole turn (at least MIN_SPAN_MS), and
-// scrolls once the turn is longer than MAX_SPAN_MS.
+// prebuffer target as a dashed line, events (start, playing, underrun,
+// decode-stall, stop) as ticks. The time axis covers the whole turn (at least
+// MIN_SPAN_MS), and scrolls once the turn is longer than MAX_SPAN_MS.
 
 const MIN_SPAN_MS = 10000;
 const MAX_SPAN_MS = 60000;
+const MARK_COLORS = {underrun: "#dc2626", "decode-stall": "#d97706", stop: "#7c3aed"};
 
 export class BufferGraph {
   constructor(canvas) {
@@ -111,7 +112,7 @@ export class BufferGraph {
       g.stroke();
     }
     for (const m of this.marks) {
-      g.strokeStyle = m.kind === "underrun" ? "#dc2626" : m.kind === "stop" ? "#7c3aed" : "#10b981";
+      g.strokeStyle = MARK_COLORS[m.kind] || "#10b981";
       g.lineWidth = 2;
       g.beginPath();
       g.moveTo(x(m.t), pad.t);

@@ -87,8 +87,15 @@ export class Player {
     this.send({t: "turn", turn, prebuffer: prebufferSamples});
   }
 
-  push(turn, pcm) {
-    this.send({t: "audio", turn, pcm}, [pcm.buffer]);
+  // backlog: received samples still in the decoder once pcm is out of it.
+  push(turn, pcm, backlog = 0) {
+    this.send({t: "audio", turn, pcm, backlog}, [pcm.buffer]);
+  }
+
+  // The decoder took in received audio: playback does not start (or resume)
+  // while it holds some (worklet.js).
+  setBacklog(turn, samples) {
+    this.send({t: "backlog", turn, samples});
   }
 
   setPrebuffer(turn, samples) {

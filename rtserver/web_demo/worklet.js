@@ -5,12 +5,27 @@
 // secure context) app.js loads this same file as a classic script and drives
 // RingPlayerCore from a ScriptProcessorNode instead.
 //
+// Playback starts, and resumes after running dry, on decoded audio only:
+// once `prebuffer` samples are buffered here AND the page's decoder holds no
+// received audio (`backlog` 0), or at the end. While the decoder is behind
+// what the page received (a browser still starting, a busy main thread),
+// buffering more decoded audio would not mean the stream caught up, so
+// playback waits for the decoder. Running dry is counted by its cause: an
+// underrun (`underruns`, `stalled`) when nothing received was waiting to be
+// decoded, i.e. the server or network was late; a decode stall
+// (`decodeStalls`, `decodeStalled`) when received audio was still in the
+// decoder, i.e. the page was late. Silence while waiting to resume counts as
+// the decoder's while it holds received audio, else as the audio's
+// (`stalled`); `decodeWaited`: silence before the start while it held some.
+//
 // Messages in ({t: ...}, every one names its turn; audio of another turn is
 // dropped):
 //   turn      {turn, prebuffer}  new turn: drop everything, wait for `prebuffer` samples
-//   audio     {turn, pcm}        append a Float32Array
+//   audio     {turn, pcm, backlog?}  append a Float32Array; `backlog`: received
+//                                samples still in the decoder after this one
+//   backlog   {turn, samples}    the decoder's backlog (received, not decoded yet)
 //   prebuffer {turn, samples}    new target (the server's `buffer` hint), used at
-//                                the start and after every underrun
+//                                the start and after running dry
 //   end       {turn}             no more audio: play out what is buffered
 //   fence     {turn, id}         barge-in: the next render quantum fades out
 //                                (<= 128 samples), then silence; the buffer is dropped
@@ -40,8 +55,12 @@ class RingPlayerCore {
     this.played = 0; // samples rendered from the buffer this turn
     this.sumSquares = 0; // of the played samples (a silent stream shows as rms 0)
     this.received = 0;
-    this.underruns = 0;
-    this.stalled = 0; // samples of silence while rebuffering after an underrun
+    this.backlog = 0; // received samples the page's decoder has not output yet
+    this.underruns = 0; // ran dry with nothing waiting in the decoder: the server was late
+    this.stalled = 0; // samples of silence while rebuffering with nothing waiting in the decoder
+    this.decodeStalls = 0; // ran dry while received audio waited in the decoder: the page was late
+    this.decodeStalled = 0; // samples of silence while rebuffering with audio in the decoder
+    this.decodeWaited = 0; // samples of silence before the start with audio in the decoder
     this.afterFence = 0; // non-silent samples output after the fence quantum
     this.droppedAfterFence = 0; // samples that arrived for the turn after its fence
     this.fadeSamples = 0;
@@ -64,6 +83,9 @@ class RingPlayerCore {
         return;
       }
       this.append(m.pcm);
+      if (m.backlog !== undefined) this.backlog = m.backlog;
+    } else if (m.t === "backlog") {
+      this.backlog = m.samples;
     } else if (m.t === "prebuffer") {
       this.prebuffer = m.samples;
     } else if (m.t === "end") {
@@ -128,13 +150,18 @@ class RingPlayerCore {
       this.post({t: "fenced", id: this.fenceId, ...this.snapshot()});
       event = "stopped";
     } else if (this.state === "prebuffering" || this.state === "rebuffering") {
-      if (this.size > 0 && (this.size >= this.prebuffer || this.ended)) {
+      // `end` comes once the decoder has flushed: then nothing is left to wait for.
+      const ready = this.ended || (this.size >= this.prebuffer && this.backlog === 0);
+      if (this.size > 0 && ready) {
         event = this.state === "prebuffering" ? "playing" : "resumed";
         if (this.startFrame < 0) this.startFrame = frame;
         this.state = "playing";
       } else if (this.ended && this.size === 0) {
         this.state = "drained";
         event = "drained";
+      } else if (this.backlog > 0) {
+        if (this.state === "rebuffering") this.decodeStalled += out.length;
+        else this.decodeWaited += out.length;
       } else if (this.state === "rebuffering") {
         this.stalled += out.length;
       }
@@ -147,8 +174,15 @@ class RingPlayerCore {
         if (this.ended && this.size === 0) {
           this.state = "drained";
           event = "drained";
+        } else if (this.backlog > 0) {
+          // Dry while received audio still waits in the decoder: the page is late.
+          this.decodeStalls += 1;
+          this.decodeStalled += out.length - n;
+          this.state = "rebuffering";
+          event = "decode-stall";
         } else {
-          // The buffer ran dry before the turn's audio was complete.
+          // The buffer ran dry before the turn's audio was complete, and
+          // nothing received waits to be decoded: the audio came late.
           this.underruns += 1;
           this.stalled += out.length - n;
           this.state = "rebuffering";
@@ -172,7 +206,9 @@ class RingPlayerCore {
     return {
       turn: this.turn, state: this.state, buffered: this.size, played: this.played,
       rms: this.played > 0 ? Math.sqrt(this.sumSquares / this.played) : 0,
-      received: this.received, underruns: this.underruns, stalled: this.stalled,
+      received: this.received, backlog: this.backlog, underruns: this.underruns,
+      stalled: this.stalled, decodeStalls: this.decodeStalls, decodeStalled: this.decodeStalled,
+      decodeWaited: this.decodeWaited,
       afterFence: this.afterFence, droppedAfterFence: this.droppedAfterFence,
       fadeSamples: this.fadeSamples, prebuffer: this.prebuffer, startFrame: this.startFrame,
     };
