@@ -57,6 +57,10 @@ def _ready(http: str) -> bool:
         return False
 
 
+# [hints] jitter_ms for the server the browser tests talk to (the default is 40).
+BROWSER_HOST_JITTER_MS = 120
+
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
     binary = find_chromium()
@@ -72,6 +76,11 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
     log = tmp_path_factory.mktemp("rtserver") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVER_")}
     env["RTSERVER_SERVER_API_KEYS"] = token
+    # The hints' allowance for scheduling noise, as an operator sets it for this host:
+    # the server shares the test machine's 2 cores with Chromium, and at the default
+    # 40 ms a first context's second chunk came 5 ms and 26.5 ms past its hint
+    # (fresh clones, 2026-12-06). A dedicated server keeps the default.
+    env["RTSERVER_HINTS_JITTER_MS"] = str(BROWSER_HOST_JITTER_MS)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rtserver", "serve", "--host", "127.0.0.1",
