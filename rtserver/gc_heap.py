@@ -1,15 +1,17 @@
-"""The process's garbage collector: its start-up heap frozen, its pauses counted.
+"""The process's garbage collector: its start-up heap frozen, its pauses timed.
 
 A full collection walks every object the process holds, and a process that
-loaded torch, a model and its CUDA graphs holds hundreds of thousands: the
-tiny ChatTTS GPU worker on the CPU paused 30-70 ms for each generation-2
-collection (a ``gc.callbacks`` timer, 3 in a 25 s run at 24 streams), with
-the GIL held the whole time, so its engine thread and every stream stood
-still. ``freeze_heap`` moves what start-up made into the permanent
-generation, which collections skip (vLLM freezes its engine's heap after
-warm-up, ``vllm/utils/gc_utils.py`` ``freeze_gc_heap``; CPython's ``gc.freeze``
-docs advise it for servers). ``GcPauses`` times every collection for
-``/metrics`` (prometheus_client counts them, not their time).
+loaded torch, a model and its CUDA graphs holds hundreds of thousands, with
+the GIL held the whole time, so its engine thread and every stream stand
+still: the tiny ChatTTS GPU worker on the CPU tracked ~184,000 objects and
+its generation-2 collections took ~50 ms each (3 over start-up and a 25 s run
+at 24 streams, 149 ms; bench/results/cpu-chattts-loop-2026-12-06).
+``freeze_heap`` moves what start-up made into the permanent generation, which
+collections skip (vLLM freezes its engine's heap after warm-up,
+``vllm/utils/gc_utils.py`` ``freeze_gc_heap``; CPython's ``gc.freeze`` docs
+advise it for servers). ``register`` puts on a registry prometheus_client's
+own ``GCCollector`` (collections and objects per generation) and
+``GcPauses``, which times them (the library counts them only).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry, GCCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -33,15 +36,21 @@ def freeze_heap() -> int:
     return gc.get_freeze_count()
 
 
+def register(registry: CollectorRegistry) -> None:
+    """The process's collections (prometheus_client's ``GCCollector``) and
+    their pauses (``GcPauses``) on ``registry``."""
+    GCCollector(registry=registry)
+    registry.register(GcPauses.install())
+
+
 class GcPauses(Collector):
-    """Collections and their seconds per generation, from one ``gc.callbacks``
-    hook (``install``: once per process, whatever calls it)."""
+    """Seconds of collections per generation, and the longest, from one
+    ``gc.callbacks`` hook (``install``: once per process, whatever calls it)."""
 
     _installed: GcPauses | None = None
     _lock = threading.Lock()
 
     def __init__(self) -> None:
-        self.count = [0] * GENERATIONS
         self.seconds = [0.0] * GENERATIONS
         self.longest = 0.0
         self._began = 0.0
@@ -62,17 +71,13 @@ class GcPauses(Collector):
             return
         took = time.perf_counter() - self._began
         g = min(int(info.get("generation", 0)), GENERATIONS - 1)
-        self.count[g] += 1
         self.seconds[g] += took
         self.longest = max(self.longest, took)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        n = CounterMetricFamily("rtserver_gc_collections", "Garbage collections of this "
-                                "process", labels=["generation"])
         s = CounterMetricFamily("rtserver_gc_pause_seconds", "Time this process spent in "
                                 "garbage collections (the GIL held)", labels=["generation"])
         for g in range(GENERATIONS):
-            n.add_metric([str(g)], float(self.count[g]))
             s.add_metric([str(g)], self.seconds[g])
         longest = GaugeMetricFamily("rtserver_gc_longest_pause_seconds",
                                     "The longest garbage collection of this process")
@@ -80,7 +85,7 @@ class GcPauses(Collector):
         frozen = GaugeMetricFamily("rtserver_gc_frozen_objects",
                                    "Objects in the permanent generation (freeze_heap)")
         frozen.add_metric([], float(gc.get_freeze_count()))
-        yield from (n, s, longest, frozen)
+        yield from (s, longest, frozen)
 
 
-__all__ = ["GcPauses", "freeze_heap"]
+__all__ = ["GcPauses", "freeze_heap", "register"]

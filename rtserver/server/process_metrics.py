@@ -13,8 +13,8 @@ an optional second listener that serves only ``/metrics``.
 - ``[server] metrics_port`` > 0: ``/metrics`` also on that port (worker i of
   ``--workers``: ``metrics_port + i``), so Prometheus can scrape each process;
   the shared port reaches whichever process the kernel picks.
-- ``rtserver_gc_*``: this process's garbage collections and their pauses
-  (``rtserver.gc_heap``).
+- ``python_gc_*`` and ``rtserver_gc_*``: this process's garbage collections
+  and their pauses (``rtserver.gc_heap``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from rtserver import gc_heap
 from rtserver.config import Config
-from rtserver.gc_heap import GcPauses
 from rtserver.server.workers import WorkerIdentity, current
 
 
@@ -114,7 +114,7 @@ def attach(registry: CollectorRegistry, config: Config,
     registry.register(WorkerInfoCollector(ident))
     registry.register(ReadyCollector(ready))
     registry.register(GpuMemoryCollector())
-    registry.register(GcPauses.install())
+    gc_heap.register(registry)
     port = metrics_port(config, ident)
     if not port:
         return ProcessMetrics()

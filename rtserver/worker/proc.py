@@ -57,7 +57,8 @@ from prometheus_client.registry import Collector
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError, UnknownVoice
-from rtserver.gc_heap import GcPauses, freeze_heap
+from rtserver.gc_heap import freeze_heap
+from rtserver.gc_heap import register as register_gc
 from rtserver.logs import request_scope
 from rtserver.pacing.hints import HintConfig
 from rtserver.pacing.rates import RtfTracker
@@ -595,8 +596,9 @@ def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer
     if not port:
         return None
     registry = CollectorRegistry()
-    for collector in [*voice_set.collectors, WorkerCollector(server), GcPauses.install()]:
+    for collector in [*voice_set.collectors, WorkerCollector(server)]:
         registry.register(collector)
+    register_gc(registry)
     httpd, _ = start_http_server(port, addr=config.server.host, registry=registry)
     return httpd
 

@@ -6,7 +6,7 @@ import gc
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rtserver.gc_heap import GcPauses, freeze_heap
+from rtserver.gc_heap import GcPauses, freeze_heap, register
 
 
 def _value(text: str, name: str) -> float:
@@ -18,12 +18,20 @@ def test_collections_are_timed_per_generation_and_shown() -> None:
     pauses = GcPauses.install()
     assert GcPauses.install() is pauses  # one hook per process
     registry = CollectorRegistry()
-    registry.register(pauses)
-    before = generate_latest(registry).decode()
-    gc.collect()  # a full collection
-    after = generate_latest(registry).decode()
-    assert (_value(after, 'rtserver_gc_collections_total{generation="2"}')
-            == _value(before, 'rtserver_gc_collections_total{generation="2"}') + 1)
+    register(registry)
+    # automatic collections off (process-wide): no other thread's allocations can
+    # add a collection between the two scrapes
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = generate_latest(registry).decode()
+        gc.collect()  # a full collection
+        after = generate_latest(registry).decode()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert (_value(after, 'python_gc_collections_total{generation="2"}')
+            == _value(before, 'python_gc_collections_total{generation="2"}') + 1)
     assert (_value(after, 'rtserver_gc_pause_seconds_total{generation="2"}')
             > _value(before, 'rtserver_gc_pause_seconds_total{generation="2"}'))
     assert _value(after, "rtserver_gc_longest_pause_seconds") > 0

@@ -19,19 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.base import SynthesisRequest
 from rtserver.voices.chattts.config import ChatTTSConfig
-from rtserver.voices.chattts.speaker import encode_speaker
 from rtserver.voices.chattts.voice import build_runtime
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today."
@@ -52,16 +48,13 @@ class LoopCost:
 async def measure(streams: int, seconds: float, settings: dict[str, Any], folder: Path
                   ) -> LoopCost:
     """Run ``streams`` users for ``seconds`` on a tiny model written under ``folder``."""
-    root = folder / "chattts"
-    write_tiny_chattts(root)
-    vec = np.random.default_rng(5).standard_normal(32).astype(np.float32)
-    (root / "voices.json").write_text(json.dumps({"alice": encode_speaker(vec)}))
+    root = write_tiny_chattts(folder / "chattts")  # with its speaker statistics: seed_1
     cfg = dataclasses.replace(
         ChatTTSConfig(asset_dir=str(root), device="cpu", slots=max(64, streams), max_len=512,
-                      voices_file=str(root / "voices.json"), ignore_eos=True, warm_up_steps=2),
+                      seeds=(1,), ignore_eos=True, warm_up_steps=2),
         **settings)
     runtime = await build_runtime(cfg)
-    voice = runtime.voice("alice")
+    voice = runtime.voice("seed_1")
     try:
         await voice.warm_up()
         audio = 0.0
