@@ -27,13 +27,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 GENERATIONS = 3
+# what the last ``freeze_heap`` left frozen: ``gc.get_freeze_count`` walks the whole
+# permanent generation with the GIL held (a linked list of 186,750 objects in the
+# ChatTTS GPU worker: 10 of its 378 GIL-holding samples in 6 s at 100 Hz, all in that
+# call, over about three scrapes, so ~30 ms a scrape; py-spy --gil at 512 streams on
+# an H100, bench/results/h100-2026-12-06-s23), so a scrape reads this instead
+_frozen = [0]
 
 
 def freeze_heap() -> int:
     """Collect, then freeze everything alive now; the objects frozen in all."""
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    _frozen[0] = gc.get_freeze_count()
+    return _frozen[0]
 
 
 def register(registry: CollectorRegistry) -> None:
@@ -83,8 +90,9 @@ class GcPauses(Collector):
                                     "The longest garbage collection of this process")
         longest.add_metric([], self.longest)
         frozen = GaugeMetricFamily("rtserver_gc_frozen_objects",
-                                   "Objects in the permanent generation (freeze_heap)")
-        frozen.add_metric([], float(gc.get_freeze_count()))
+                                   "Objects the last freeze_heap left in the permanent "
+                                   "generation")
+        frozen.add_metric([], float(_frozen[0]))  # not gc.get_freeze_count(): see _frozen
         yield from (s, longest, frozen)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rtserver.gc_heap import GcPauses, freeze_heap, register
@@ -46,3 +47,21 @@ def test_the_frozen_heap_is_left_out_of_collections() -> None:
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_scrape_never_walks_the_frozen_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gc.get_freeze_count`` walks every frozen object with the GIL held; a
+    scrape shows the count the last freeze left instead."""
+    registry = CollectorRegistry()
+    register(registry)
+    try:
+        frozen = freeze_heap()
+
+        def walk() -> int:
+            raise AssertionError("a scrape walked the permanent generation")
+
+        monkeypatch.setattr(gc, "get_freeze_count", walk)
+        text = generate_latest(registry).decode()
+    finally:
+        gc.unfreeze()
+    assert _value(text, "rtserver_gc_frozen_objects") == frozen > 0
