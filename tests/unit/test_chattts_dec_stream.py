@@ -215,6 +215,34 @@ def test_graph_buckets_pad_exactly(root: Path) -> None:
             np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))
 
 
+def test_a_call_runs_on_the_smallest_batch_bucket_that_holds_it(root: Path) -> None:
+    """Graphs take the configured window counts (not only powers of two); a call
+    runs on the smallest that holds it, equal to the eager decode; the lane keeps
+    the counts up to its own size; every graph reads one shared input buffer."""
+    from rtserver.voices.chattts.decoder.checkpoint import load_audio_models
+    from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder
+
+    mel, vocos, dims = load_audio_models(root)
+    dec = ChatTTSWindowDecoder(mel, vocos, dims, "decoder", graph_max_batch=8,
+                               graph_frame_buckets=(16, 48), graph_max_cells=512,
+                               graph_batch_buckets=(1, 3, 6, 12), emulate_graphs=True)
+    assert dec.graph_buckets() == [(b, n) for b in (1, 3, 6, 8) for n in (16, 48)]
+    assert dec.warm_up() == 8
+    assert [dec._bucket(b, 20) for b in (1, 2, 3, 4, 5, 6, 7, 8, 9)] == [
+        (1, 48), (3, 48), (3, 48), (6, 48), (6, 48), (6, 48), (8, 48), (8, 48), None]
+    bases = {g.x.untyped_storage().data_ptr() for g in dec._graphs.values()}
+    assert len(bases) == 1
+    eager = ChatTTSVocoder.load(root).decoder
+    for sizes in ((20, 3, 7, 11, 40), (16, 16), (9,) * 7):  # 5, 2 and 7 windows
+        windows = [StepWindow(steps(n, i), 0) for i, n in enumerate(sizes)]
+        for got, ref in zip(dec.decode(windows), eager.decode(windows), strict=True):
+            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))
+    lane = ChatTTSWindowDecoder(mel, vocos, dims, "decoder", graph_max_batch=4,
+                                graph_frame_buckets=(16,), graph_max_cells=64,
+                                graph_batch_buckets=(1, 3, 6, 12), emulate_graphs=True)
+    assert lane.graph_buckets() == [(1, 16), (3, 16), (4, 16)]
+
+
 def test_first_lane_streams_equal_plain_streams(root: Path) -> None:
     """With the first lane on (first chunks on the lane's graphs and thread),
     every stream's audio equals the plain vocoder's."""

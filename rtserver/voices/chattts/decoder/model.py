@@ -86,7 +86,8 @@ class ChatTTSWindowDecoder:
     def __init__(self, mel: MelDecoder, vocos: Vocos, dims: ChatTTSAudioDims, route: Route, *,
                  device: str = "cpu", cuda_graphs: bool = False, bf16: bool = False,
                  graph_max_batch: int = 64, graph_frame_buckets: Sequence[int] = (),
-                 graph_max_cells: int = 16384, stream: Any = None, lane: bool = False,
+                 graph_max_cells: int = 16384, graph_batch_buckets: Sequence[int] = (),
+                 stream: Any = None, lane: bool = False,
                  emulate_graphs: bool = False) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current
@@ -105,9 +106,16 @@ class ChatTTSWindowDecoder:
         self._emulate = emulate_graphs and self.device.type == "cpu"
         self._use_graphs = (cuda_graphs and self.device.type == "cuda") or self._emulate
         self._graph_max_batch = graph_max_batch
+        # windows a graph takes: the given sizes up to graph_max_batch (and it), or
+        # powers of two; a call runs on the smallest that holds it
+        self._batch_buckets = sorted(
+            {b for b in graph_batch_buckets if 1 <= b < graph_max_batch} | {graph_max_batch}
+            if graph_batch_buckets
+            else {1 << i for i in range(int(math.log2(graph_max_batch)) + 1)})
         self._frame_buckets = sorted(set(graph_frame_buckets))
         self._graph_max_cells = graph_max_cells
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._x_buf: torch.Tensor | None = None  # every graph's input (_static_input)
         self._pool: Any = None
         self._capture_stream: Any = None
         self._pinned: torch.Tensor | None = None
@@ -227,17 +235,17 @@ class ChatTTSWindowDecoder:
     # --- CUDA graphs (guarded: cuda_graphs=True on a CUDA device only) ----------
 
     def graph_buckets(self) -> list[tuple[int, int]]:
-        """Every (batch, steps) shape a graph is captured for: batches in powers
-        of two up to ``graph_max_batch``, steps from ``graph_frame_buckets``,
-        batch x steps <= ``graph_max_cells`` (bounds capture time and memory)."""
-        batches = [1 << i for i in range(int(math.log2(self._graph_max_batch)) + 1)]
-        return [(b, n) for b in batches for n in self._frame_buckets
+        """Every (batch, steps) shape a graph is captured for: batches from
+        ``graph_batch_buckets`` (else powers of two) up to ``graph_max_batch``,
+        steps from ``graph_frame_buckets``, batch x steps <= ``graph_max_cells``
+        (bounds capture time and memory)."""
+        return [(b, n) for b in self._batch_buckets for n in self._frame_buckets
                 if b * n <= self._graph_max_cells]
 
     def _bucket(self, b: int, n: int) -> tuple[int, int] | None:
         if b > self._graph_max_batch:
             return None
-        bb = 1 << max(0, math.ceil(math.log2(b)))
+        bb = next(x for x in self._batch_buckets if x >= b)
         for nb in self._frame_buckets:
             if nb >= n:
                 return (bb, nb) if bb * nb <= self._graph_max_cells else None
@@ -249,9 +257,23 @@ class ChatTTSWindowDecoder:
         key = self._bucket(b, n)
         return None if key is None else self._graphs.get(key)
 
-    def _capture(self, b: int, n: int) -> _Graph:
+    def _static_input(self, b: int, n: int) -> torch.Tensor:
+        """Graph (b, n)'s input: a view of one buffer every graph of this decoder
+        shares (its calls never overlap: one thread, a sync each), sized for the
+        largest bucket, instead of a tensor each (136 graphs of [b, n, 768] floats:
+        ~590 MB)."""
         torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
-        x = torch.zeros(b, n, self.width, dtype=torch_dtype, device=self.device)
+        size = b * n * self.width
+        if self._x_buf is None:
+            cells = max((bb * nn for bb, nn in self.graph_buckets()), default=0)
+            self._x_buf = torch.zeros(max(cells * self.width, size), dtype=torch_dtype,
+                                      device=self.device)
+        if self._x_buf.numel() < size:  # past the buckets: not shared
+            return torch.zeros(b, n, self.width, dtype=torch_dtype, device=self.device)
+        return self._x_buf[:size].view(b, n, self.width)
+
+    def _capture(self, b: int, n: int) -> _Graph:
+        x = self._static_input(b, n)
         lengths = torch.full((b,), n, dtype=torch.int64, device=self.device)
         g = _Graph(x, lengths)
         if self._emulate:
@@ -302,6 +324,7 @@ class ChatTTSWindowDecoder:
             self.mel, self.vocos, self.dims, self.route, device=str(self.device),
             cuda_graphs=True, bf16=self._bf16, graph_max_batch=max_batch,
             graph_frame_buckets=buckets, graph_max_cells=max_batch * max(buckets),
+            graph_batch_buckets=self._batch_buckets,
             stream=None if self._emulate else torch.cuda.Stream(self.device, priority=-1),
             lane=True, emulate_graphs=self._emulate)
         if self._store is not None:

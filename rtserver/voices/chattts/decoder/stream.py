@@ -82,7 +82,8 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         decoder = ChatTTSWindowDecoder(
             mel, vocos, dims, r, device=device, cuda_graphs=config.cuda_graphs, bf16=config.bf16,
             graph_max_batch=config.max_batch, graph_frame_buckets=config.graph_frame_buckets,
-            graph_max_cells=config.graph_max_cells)
+            graph_max_cells=config.graph_max_cells,
+            graph_batch_buckets=config.graph_batch_buckets)
         return cls(decoder, config, clock=clock)
 
     def attach_store(self, store: Any, zero_index: int) -> None:
