@@ -237,6 +237,10 @@ def test_a_call_runs_on_the_smallest_batch_bucket_that_holds_it(root: Path) -> N
         windows = [StepWindow(steps(n, i), 0) for i, n in enumerate(sizes)]
         for got, ref in zip(dec.decode(windows), eager.decode(windows), strict=True):
             np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * float(np.abs(ref).max()))
+    # what the graphs computed: 6 x 48, 3 x 16 and 8 x 16 steps; then 2 x 60, eager
+    assert dec.computed_steps == 6 * 48 + 3 * 16 + 8 * 16
+    dec.decode([StepWindow(steps(n, 1), 0) for n in (60, 5)])
+    assert dec.computed_steps == 6 * 48 + 3 * 16 + 8 * 16 + 2 * 60
     lane = ChatTTSWindowDecoder(mel, vocos, dims, "decoder", graph_max_batch=4,
                                 graph_frame_buckets=(16,), graph_max_cells=64,
                                 graph_batch_buckets=(1, 3, 6, 12), emulate_graphs=True)

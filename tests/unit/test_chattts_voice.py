@@ -137,3 +137,24 @@ async def test_the_eos_step_is_never_pushed_to_the_decoder(tmp_path: Path) -> No
     finally:
         rt.engine, rt.decoder = engine, decoder
         await voice.close()
+
+
+async def test_the_decoders_counters_show_what_padding_cost(tmp_path: Path) -> None:
+    """/metrics' decoder counters: the frames asked for, those computed with the
+    batch's padding, and those computed with the padding of the calls' shapes."""
+    write_tiny_chattts(tmp_path)
+    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=2, max_len=256,
+                        ignore_eos=True, seeds=(1,))
+    rt = await build_runtime(cfg)
+    voice = rt.voice("seed_1")
+    try:
+        async for _ in voice.stream(SynthesisRequest(text="Hello world.", request_id="s1",
+                                                     first=True), max_steps=40):
+            pass
+        counters = {name: value for name, (_, value) in rt.counters().items()}
+        frames = counters["chattts_decoder_frames"]
+        assert frames >= 40  # every step, with the windows' context and look-ahead
+        assert counters["chattts_decoder_computed_frames"] >= counters[
+            "chattts_decoder_padded_frames"] >= frames
+    finally:
+        await voice.close()

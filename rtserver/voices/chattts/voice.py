@@ -195,6 +195,12 @@ class ChatTTSRuntime:
             if isinstance(value, int | float):
                 out[f"chattts_decoder_{name}"] = (f"ChatTTS decoder {name.replace('_', ' ')}",
                                                   value)
+        window_decoder = getattr(self.decoder, "decoder", None)
+        computed = getattr(window_decoder, "computed_steps", None)
+        if isinstance(computed, int):
+            out["chattts_decoder_computed_frames"] = (
+                "ChatTTS decoder frames computed, batch and CUDA-graph padding included",
+                computed)
         return out
 
     def prompt_ids(self, text: str, speed: float = 1.0) -> list[int]:

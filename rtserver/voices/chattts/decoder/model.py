@@ -116,6 +116,8 @@ class ChatTTSWindowDecoder:
         self._graph_max_cells = graph_max_cells
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._x_buf: torch.Tensor | None = None  # every graph's input (_static_input)
+        self._computed = 0  # steps this decoder's calls computed (graph padding included)
+        self._lanes: list[ChatTTSWindowDecoder] = []
         self._pool: Any = None
         self._capture_stream: Any = None
         self._pinned: torch.Tensor | None = None
@@ -188,9 +190,11 @@ class ChatTTSWindowDecoder:
                 ctx.enter_context(torch.cuda.stream(self._stream))
             graph = self._graph_for(b, n) if self._use_graphs else None
             if graph is not None:
+                self._computed += graph.x.shape[0] * graph.x.shape[1]
                 return self._replay(graph, windows)
             if self._lane:
                 raise ValueError(f"no first-lane graph for {b} windows of {n} steps")
+            self._computed += b * n
             x, lengths = self._pack(windows, n)
             audio = self.forward(self._inputs(x), lengths.to(self.device, non_blocking=True))
             return self._unpack(audio, windows)
@@ -330,7 +334,14 @@ class ChatTTSWindowDecoder:
         if self._store is not None:
             lane.attach_store(self._store, self._zero)
         lane.warm_up()
+        self._lanes.append(lane)
         return lane
+
+    @property
+    def computed_steps(self) -> int:
+        """Steps its calls and its lanes' computed, padding included: a window's
+        up to its call's longest, and the call's up to its graph's shape."""
+        return self._computed + sum(lane.computed_steps for lane in self._lanes)
 
     def warm_up(self) -> int:
         """One eager decode; with graphs, capture every bucket now. Returns graphs held."""
@@ -342,4 +353,5 @@ class ChatTTSWindowDecoder:
                 for key in self.graph_buckets():
                     if key not in self._graphs:
                         self._graphs[key] = self._capture(*key)
+        self._computed = 0  # the counter is traffic's
         return len(self._graphs)
