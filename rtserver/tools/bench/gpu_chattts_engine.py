@@ -44,7 +44,7 @@ def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
 async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                   levels: list[tuple[int, int]], want_hidden: bool = True,
                   profile: str = "", dtype_name: str = "", kernels: str = "",
-                  **engine_kw: Any) -> dict[str, Any]:
+                  attention: str = "sdpa", **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
@@ -60,7 +60,7 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
 
     def factory() -> ChatLM:
         return ChatLM(cfg, assets.gpt, assets.embed, slots=slots, max_len=max_len,
-                      device=device, dtype=dtype)
+                      device=device, dtype=dtype, attention=attention)
 
     engine = TorchCodeEngine(factory, TorchEngineConfig(
         slots=slots, max_len=max_len, cuda_graphs=device.startswith("cuda"), ignore_eos=True,
@@ -94,8 +94,8 @@ async def _levels(ckpt: str, device: str, slots: int, max_len: int,
     vec = vec / np.linalg.norm(vec)
     emb = (PromptEmbedding(assets.tokenizer.spk_emb_id, tuple(float(v) for v in vec)),)
     c = engine.counters_
-    out: dict[str, Any] = {"device": device, "dtype": str(dtype), "slots": slots,
-                           "max_len": max_len,
+    out: dict[str, Any] = {"device": device, "dtype": str(dtype), "attention": attention,
+                           "slots": slots, "max_len": max_len,
                            "prompt_positions": len(ids), "want_hidden": want_hidden,
                            "engine": {k: v for k, v in engine_kw.items()},
                            "start_s": round(start_s, 2), "graphs": engine.runner.graphs,
@@ -224,6 +224,8 @@ def main() -> None:
                    "indices) instead of a copy to the host each step")
     p.add_argument("--no-move-graphs", action="store_true",
                    help="a step's KV moves run eagerly (the A/B of their CUDA graphs)")
+    p.add_argument("--decode-attention", default="sdpa", choices=("sdpa", "triton"),
+                   help="a decode step's attention (chattts.decode_attention)")
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "
                    "on CUDA)")
@@ -243,7 +245,7 @@ def main() -> None:
         kw["move_graphs"] = False
     res = asyncio.run(_levels(a.ckpt, a.device, a.slots, a.max_len,
                               parse_levels(a.levels, a.steps), not a.no_hidden,
-                              a.profile, a.dtype, a.kernels, **kw))
+                              a.profile, a.dtype, a.kernels, a.decode_attention, **kw))
     res["gil_switch_ms"] = sys.getswitchinterval() * 1000
     if a.kernels:
         Path(a.kernels).write_text(res.pop("kernels"))

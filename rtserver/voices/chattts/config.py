@@ -85,6 +85,10 @@ class ChatTTSConfig:
     # decoder gathers its windows there, instead of each step's crossing to the
     # host and back (decoder route only; engine.engine.TorchEngineConfig).
     hidden_store: bool = False
+    # A decode step's attention: "sdpa" (torch's, dense up to the step's length
+    # bucket) or "triton" (each row's own positions only, CUDA:
+    # chattts.engine.attention); "sdpa" until measured on a GPU.
+    decode_attention: str = "sdpa"
 
     def check(self) -> None:
         """``ValueError`` naming the field."""
@@ -96,6 +100,9 @@ class ChatTTSConfig:
         if self.hidden_store and self.decoder != "decoder":
             raise ValueError("chattts.hidden_store keeps hidden states for the 'decoder' "
                              "route; chattts.decoder is 'dvae' (codes)")
+        if self.decode_attention not in ("sdpa", "triton"):
+            raise ValueError(f"chattts.decode_attention {self.decode_attention!r}: 'sdpa' or "
+                             "'triton'")
         if self.decoder_hold_ms > 1000:
             raise ValueError("chattts.decoder_hold_ms must be <= 1000")
         steady = ChatTTSDecodeConfig().max_chunk_frames

@@ -403,7 +403,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
 
     def factory() -> ChatLM:
         return ChatLM(gcfg, assets.gpt, assets.embed, slots=cfg.slots, max_len=max_len,
-                      device=device, dtype=dtype)
+                      device=device, dtype=dtype, attention=cfg.decode_attention)
 
     engine = TorchCodeEngine(factory, TorchEngineConfig(
         slots=cfg.slots, max_len=max_len, cuda_graphs=cfg.cuda_graphs,

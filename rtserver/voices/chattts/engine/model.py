@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rtserver.voices.chattts.engine.attention import decode_attention, interpreted
 from rtserver.voices.chattts.engine.shapes import EmbedWeights, GptConfig
 
 
@@ -41,13 +42,22 @@ class ChatLM:
 
     def __init__(self, cfg: GptConfig, gpt: dict[str, torch.Tensor], embed: EmbedWeights, *,
                  slots: int, max_len: int, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, attention: str = "sdpa") -> None:
         self.cfg = cfg
         self.slots = slots
         self.max_len = max_len
         self.device = torch.device(device)
         self.dtype = dtype
         dev = self.device
+        # a decode step's attention: "sdpa" (dense up to the step's length bucket,
+        # masked) or "triton" (each row's own positions only: ``attention.py``; CUDA,
+        # or CPU tensors under Triton's interpreter)
+        if attention not in ("sdpa", "triton"):
+            raise ValueError(f"attention {attention!r}: 'sdpa' or 'triton'")
+        if attention == "triton" and dev.type != "cuda" and not interpreted():
+            raise ValueError("triton decode attention runs on CUDA (or under "
+                             "TRITON_INTERPRET=1)")
+        self.attention = attention
 
         def w(name: str) -> torch.Tensor:
             return gpt[name].to(dev, dtype)
@@ -221,17 +231,21 @@ class ChatLM:
         kcache, vcache = cache
         rows = torch.arange(b, device=x0.device)
         cos, sin = self.cos[pos][:, None, None], self.signed_sin[pos][:, None, None]
-        mask = (torch.arange(length, device=x0.device)[None, :] <= pos[:, None])
-        mask = mask[:, None, None, :]
+        own = self.attention == "triton"
+        mask = (None if own else
+                (torch.arange(length, device=x0.device)[None, :] <= pos[:, None])[:, None, None])
         x = x0.to(self.dtype)[:, None, :]  # [B, 1, hidden]
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             kc, vc = kcache[li], vcache[li]
             kc[rows, :, pos] = k[:, :, 0]
             vc[rows, :, pos] = v[:, :, 0]
-            a = F.scaled_dot_product_attention(
-                q, self._expand_kv(kc[:b, :, :length]), self._expand_kv(vc[:b, :, :length]),
-                attn_mask=mask)
+            if own:
+                a = decode_attention(q, kc, vc, pos, length)
+            else:
+                a = F.scaled_dot_product_attention(
+                    q, self._expand_kv(kc[:b, :, :length]), self._expand_kv(vc[:b, :, :length]),
+                    attn_mask=mask)
             x = x + F.linear(a.transpose(1, 2).reshape(b, 1, -1), layer.o)
             x = x + self._mlp(layer, self._rms(x, layer.ln2))
         return self._rms(x[:, 0], self.norm).float()
