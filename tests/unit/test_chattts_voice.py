@@ -12,7 +12,15 @@ pytest.importorskip("torch")
 from rtserver.tools.layouts.chattts import write_tiny_chattts
 from rtserver.voices.base import SynthesisRequest
 from rtserver.voices.chattts.config import ChatTTSConfig
-from rtserver.voices.chattts.voice import build_runtime
+from rtserver.voices.chattts.voice import ChatTTSRuntime, ChatTTSVoice, build_runtime
+
+
+async def tiny_voice(tmp_path: Path) -> tuple[ChatTTSRuntime, ChatTTSVoice]:
+    """The tiny checkpoint's seed_1 on the CPU, EOS off (two slots of 256)."""
+    write_tiny_chattts(tmp_path)
+    rt = await build_runtime(ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=2,
+                                           max_len=256, ignore_eos=True, seeds=(1,)))
+    return rt, rt.voice("seed_1")
 
 
 async def test_refine_then_speak(tmp_path: Path) -> None:
@@ -64,11 +72,7 @@ async def test_upstream_download_without_speaker_statistics_names_them(tmp_path:
 
 async def test_a_contexts_speed_reaches_the_speed_token(tmp_path: Path) -> None:
     """``SynthesisRequest.speed`` becomes ``[speed_N]`` in the engine request."""
-    write_tiny_chattts(tmp_path)
-    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=2, max_len=256,
-                        ignore_eos=True, seeds=(1,))
-    rt = await build_runtime(cfg)
-    voice = rt.voice("seed_1")
+    rt, voice = await tiny_voice(tmp_path)
     try:
         tok = rt.tokenizer
 
@@ -142,11 +146,7 @@ async def test_the_eos_step_is_never_pushed_to_the_decoder(tmp_path: Path) -> No
 async def test_the_decoders_counters_show_what_padding_cost(tmp_path: Path) -> None:
     """/metrics' decoder counters: the frames asked for, those computed with the
     batch's padding, and those computed with the padding of the calls' shapes."""
-    write_tiny_chattts(tmp_path)
-    cfg = ChatTTSConfig(asset_dir=str(tmp_path), device="cpu", slots=2, max_len=256,
-                        ignore_eos=True, seeds=(1,))
-    rt = await build_runtime(cfg)
-    voice = rt.voice("seed_1")
+    rt, voice = await tiny_voice(tmp_path)
     try:
         async for _ in voice.stream(SynthesisRequest(text="Hello world.", request_id="s1",
                                                      first=True), max_steps=40):
