@@ -104,7 +104,7 @@ class ChatTTSDecodeConfig:
     # it, its other rows computed for nothing. Past 8 windows a call costs what its
     # rows cost (H200, bf16 graphs: 3.6 us a step at 8 x 101, 2.8 at 64 x 69;
     # bench/results/h200-chattts-decode-2026-12-04), and at 512 streams on an H100 the
-    # GPU ran 97-100 % busy with calls of 10-26 windows (bench/results/
+    # GPU ran 96-99 % busy with calls of 10-26 windows (bench/results/
     # h100-2026-12-06-s23): steps of at most 1/4 past 8 instead of powers of two,
     # where 17 windows ran on a 32-row graph
     graph_batch_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32,
