@@ -427,6 +427,7 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
                                           device=device, config=dec_cfg)
         if engine.hidden_store is not None:
             vocoder.attach_store(engine.hidden_store, engine.store_zero_index)
+        vocoder.finite_input = engine.hands_over_finite
         await vocoder.start()
     except BaseException:
         await engine.close()

@@ -137,6 +137,10 @@ _Event = tuple[str, "np.ndarray | None", "np.ndarray | None", bool, "BaseExcepti
 class TorchCodeEngine:
     """``TokenEngine[CodeDelta]`` over :class:`ChatLM` (see the module docstring)."""
 
+    # every hidden state it hands over is finite: a step whose hidden state or logits
+    # were not fails its request instead (``FLAG_BAD``, tested on the device)
+    hands_over_finite = True
+
     def __init__(self, model_factory: Callable[[], ChatLM], config: TorchEngineConfig,
                  *, eos_id: int, name: str = "torch", clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
