@@ -5,9 +5,11 @@
 #      and each one's time a call at 1, 64, 256 and 512 rows (att-check.json);
 #   2. the engine alone with each (--decode-attention), rows 1, 256 and 512 (engine-*.json);
 #   3. with time left, fresh workers and 4 front ends at LEVEL (default 640: past what SDPA
-#      holds on an H100), SDPA and Triton interleaved (runs.md, one folder a run),
-#      RTSERVER_CHATTTS_SLOTS / _MAX_LEN 768 / 1024 (1,024 x 1,536 does not fit an H100).
-# Carry .gpu/srv3 (the server's wheels); run
+#      holds on an H100), interleaved: Triton (t), SDPA (s), and the tree before the
+#      decoder's graph buckets (b: 2ddaf03, carried as .gpu/base.tgz = `git archive 2ddaf03
+#      rtserver bench/gpu | gzip`), RTSERVER_CHATTTS_SLOTS / _MAX_LEN 768 / 1024 (1,024 x
+#      1,536 does not fit an H100); runs.md, one folder a run.
+# Carry .gpu/srv3 (the server's wheels) and .gpu/base.tgz; run
 #   OUT=$OUT bash bench/gpu/run_chattts_attention_ab.sh
 # At most 8 files come back from a call: the runs' folders go in runs.tgz.
 T0=$(date +%s); OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv3}
@@ -36,7 +38,7 @@ LEFT=$(( ${LIMIT:-570} - ($(date +%s) - T0) ))
 if [ $LEFT -ge 130 ]; then
   L=${LEVEL:-640}
   RTSERVER_CHATTTS_SLOTS=768 RTSERVER_CHATTTS_MAX_LEN=1024 \
-    RUNS=${RUNS:-$'s1|.|\nt1|.|decode_attention = "triton"\ns2|.|\nt2|.|decode_attention = "triton"'} \
+    RUNS=${RUNS:-$'t1|.|decode_attention = "triton"\ns1|.|\nb1|base|\nt2|.|decode_attention = "triton"\ns2|.|\nb2|base|'} \
     LEVEL=$L OUT=/tmp/att-runs timeout $(( LEFT - 15 )) bash bench/gpu/run_chattts_trees.sh
   cp /tmp/att-runs/runs.md $OUT/ 2>/dev/null
   for d in /tmp/att-runs/*/; do gzip -f $d/worker-metrics.txt $d/gpu-util.txt 2>/dev/null; done
