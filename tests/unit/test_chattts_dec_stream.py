@@ -134,17 +134,21 @@ def test_bad_input_is_refused_and_the_stream_goes_on(root: Path) -> None:
             assert sum(len(c.samples) for c in tail) > 0 and s.closed
             with pytest.raises(RuntimeError, match="closed"):
                 await s.push(steps(1, 2))
-            # a producer that vouches its hidden states are finite (the torch engine)
-            # spares every push the check; shapes and dtypes are still checked
-            vocoder.finite_input = True
-            vouched = vocoder.open_stream()
+        finally:
+            await vocoder.close()
+        # a producer that vouches its hidden states are finite (the torch engine)
+        # spares every push the check; shapes and dtypes are still checked
+        vouching = ChatTTSVocoder.load(root, config=ChatTTSDecodeConfig(finite_input=True))
+        await vouching.start(warm_up=False)
+        try:
+            vouched = vouching.open_stream()
             with pytest.raises(ValueError, match=r"shape \(steps, 32\)"):
                 await vouched.push(np.zeros((3, 31), np.float32))
             await vouched.push(bad)
             assert vouched.steps == 2
             vouched.close()
         finally:
-            await vocoder.close()
+            await vouching.close()
 
     asyncio.run(go())
 

@@ -6,10 +6,11 @@
 One layer's cache of the real shapes (12 heads of 64, ``--slots`` x ``--max-len``
 positions, random values, bf16 on CUDA) and ``--rows`` rows at positions drawn
 from ``--positions`` (a mix, as a batch of segments of different lengths is);
-the step's length bucket is the engine's (the next of 128, 256, 512, 1024 ... at
-or above the longest row). For each row count: the largest difference between
-the two (expect bf16 rounding) and each one's time a call (CUDA events, median
-of ``--repeats`` runs of ``--calls`` calls). A step calls it once per layer (20).
+the step's length bucket is the engine's scheduler's (the next of 128, 256, 512,
+1024 ... at or above the longest row, at most ``--max-len``). For each row count:
+the largest difference between the two (expect bf16 rounding) and each one's
+time a call (CUDA events, median of ``--repeats`` runs of ``--calls`` calls).
+A step calls it once per layer (20).
 On the CPU it runs the kernel under Triton's interpreter (``TRITON_INTERPRET=1``
 before the start), for the tool's own test, with no timings worth reading.
 """
@@ -22,8 +23,6 @@ import statistics
 import time
 from typing import Any
 
-LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)  # the engine's default length buckets
-
 
 def check(device: str, rows: list[int], lo: int, hi: int, *, slots: int, max_len: int,
           heads: int = 12, head_dim: int = 64, calls: int = 20, repeats: int = 5,
@@ -32,6 +31,8 @@ def check(device: str, rows: list[int], lo: int, hi: int, *, slots: int, max_len
     import torch.nn.functional as F
 
     from rtserver.voices.chattts.engine.attention import decode_attention
+    from rtserver.voices.chattts.engine.engine import DEFAULT_LENGTH_BUCKETS
+    from rtserver.voices.chattts.engine.scheduler import bucket
 
     dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -43,9 +44,8 @@ def check(device: str, rows: list[int], lo: int, hi: int, *, slots: int, max_len
     for b in rows:
         q = torch.randn(b, heads, 1, head_dim, generator=g).to(dev, dtype)
         pos = torch.randint(lo, hi + 1, (b,), generator=g).to(dev)
-        longest = int(pos.max()) + 1
-        length = next((n for n in LENGTH_BUCKETS if n >= longest), longest)
-        length = min(length, max_len + 1)
+        # the step's length as the engine's scheduler picks it
+        length = bucket(int(pos.max()) + 1, DEFAULT_LENGTH_BUCKETS, max_len)
         mask = (torch.arange(length, device=dev)[None, :] <= pos[:, None])[:, None, None]
 
         def dense(q: Any = q, mask: Any = mask, length: int = length, b: int = b) -> Any:

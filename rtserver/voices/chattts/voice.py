@@ -422,12 +422,12 @@ async def build_runtime(cfg: ChatTTSConfig, progress: Callable[[str], None] = la
             cfg.decoder_dtype == "auto" and str(device).startswith("cuda"))
         hold_s = cfg.decoder_hold_ms / 1000 if cfg.decoder_hold_ms >= 0 else -1.0
         dec_cfg = ChatTTSDecodeConfig(route=cfg.decoder, bf16=bf16, hold_s=hold_s,
-                                      deep_chunk_frames=cfg.decoder_deep_steps)
+                                      deep_chunk_frames=cfg.decoder_deep_steps,
+                                      finite_input=engine.hands_over_finite)
         vocoder = await asyncio.to_thread(ChatTTSVocoder.load, Path(cfg.asset_dir),
                                           device=device, config=dec_cfg)
         if engine.hidden_store is not None:
             vocoder.attach_store(engine.hidden_store, engine.store_zero_index)
-        vocoder.finite_input = engine.hands_over_finite
         await vocoder.start()
     except BaseException:
         await engine.close()

@@ -109,6 +109,11 @@ class ChatTTSDecodeConfig:
     # where 17 windows ran on a 32-row graph
     graph_batch_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32,
                                             40, 48, 56, 64)
+    # The hidden states pushed are finite, vouched by their producer (the torch
+    # engine fails a request whose step was not, on the device): streams skip the
+    # host's check of every value (``build_runtime`` sets it from the engine's
+    # ``hands_over_finite``). Shapes and dtypes are checked either way.
+    finite_input: bool = False
     # CUDA graphs only: first chunks decode on a second set of graphs, stream and
     # thread (the first lane), beside a long call in flight, up to this shape.
     first_lane: bool = True

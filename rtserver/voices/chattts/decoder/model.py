@@ -266,15 +266,12 @@ class ChatTTSWindowDecoder:
         shares (its calls never overlap: one thread, a sync each), sized for the
         largest bucket, instead of a tensor each (136 graphs of [b, n, 768] floats:
         ~590 MB)."""
-        torch_dtype = torch.float32 if self.route == "decoder" else torch.int64
-        size = b * n * self.width
-        if self._x_buf is None:
-            cells = max((bb * nn for bb, nn in self.graph_buckets()), default=0)
-            self._x_buf = torch.zeros(max(cells * self.width, size), dtype=torch_dtype,
-                                      device=self.device)
-        if self._x_buf.numel() < size:  # past the buckets: not shared
-            return torch.zeros(b, n, self.width, dtype=torch_dtype, device=self.device)
-        return self._x_buf[:size].view(b, n, self.width)
+        if self._x_buf is None:  # graphs are captured for graph_buckets() only
+            cells = max(bb * nn for bb, nn in self.graph_buckets())
+            self._x_buf = torch.zeros(cells * self.width, device=self.device,
+                                      dtype=torch.float32 if self.route == "decoder"
+                                      else torch.int64)
+        return self._x_buf[:b * n * self.width].view(b, n, self.width)
 
     def _capture(self, b: int, n: int) -> _Graph:
         x = self._static_input(b, n)

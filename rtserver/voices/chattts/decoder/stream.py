@@ -54,10 +54,6 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         self.samples_per_step: int = STEP_SAMPLES
         self.width: int = decoder.width
         self.codebook_size: int = decoder.dims.vq.codebook_size
-        # the hidden states pushed are finite, vouched by their producer (the torch
-        # engine fails a request whose step was not, on the device): streams skip
-        # the host's check of every value (``build_runtime`` sets it)
-        self.finite_input = False
         c = self.config
         super().__init__(DecodeBatcher(decoder, device_batcher_config(
             decoder.device.type == "cuda", max_batch=c.max_batch,
@@ -107,6 +103,11 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         stays low enough that its chunks never outgrow the audio before them).
         ``held_s``: the audio its listener holds before it (deep chunks)."""
         return ChatTTSStream(self, self._batcher, held_s=held_s, finite=self.finite_input)
+
+    @property
+    def finite_input(self) -> bool:
+        """Streams skip the host's finiteness check (``config.finite_input``)."""
+        return self.config.finite_input
 
 
 class ChatTTSStream(PlannedStream[StepWindow]):

@@ -20,6 +20,7 @@ imported). Triton comes with CUDA builds of torch; it is imported on first use.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any
@@ -27,7 +28,6 @@ from typing import Any
 import torch
 
 BLOCK = 64  # positions a loop turn reads: 64 x 64 bf16 = 8 kB of K and as much of V
-_kernel: Any = None
 
 
 def interpreted() -> bool:
@@ -35,7 +35,9 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.cache
 def _build() -> Any:
+    """The kernel, built on first use (Triton imported then, interpreter or not)."""
     import triton
     import triton.language as tl
 
@@ -81,9 +83,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``0..min(pos[b], length - 1)``: what SDPA with the mask ``arange(length) <=
     pos`` gives, ``[B, heads, 1, D]`` in ``q``'s dtype. Grouped heads
     (``heads`` a multiple of ``kv_heads``) share their key-value head."""
-    global _kernel
-    if _kernel is None:
-        _kernel = _build()
     b, heads, one, d = q.shape
     kv_heads = k_cache.shape[1]
     if one != 1 or heads % kv_heads or k_cache.shape[-1] != d or d & (d - 1):
@@ -93,7 +92,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("decode attention needs the head dimension contiguous")
     out = torch.empty((b, heads, 1, d), dtype=q.dtype, device=q.device)
-    _kernel[(b, heads)](
+    _build()[(b, heads)](
         q, k_cache, v_cache, pos, out, length, 1.0 / math.sqrt(d), pos.stride(0),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
