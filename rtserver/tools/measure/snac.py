@@ -29,6 +29,7 @@ from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, Seam
 from rtserver.voices.orpheus.snac_model import (
     DTYPES,
     SNAC24_CONFIG,
+    SNAKE_CONVS,
     TINY_SNAC_CONFIG,
     CodeWindow,
     SnacDecoder,
@@ -200,11 +201,12 @@ def full_decode_error_db(decoder: SnacDecoder, reference: SnacDecoder,
 
 
 def _decoder(shape: str, device: str = "cpu", graphs: bool = False,
-             dtype: str = "float32", compile: bool = False) -> SnacDecoder:
+             dtype: str = "float32", compile: bool = False,
+             snake_conv: str = "torch") -> SnacDecoder:
     cfg = {"24khz": SNAC24_CONFIG, "tiny": TINY_SNAC_CONFIG}[shape]
     return SnacDecoder(build_snac(cfg, seed=0), device=device, cuda_graphs=graphs,
                        graph_max_batch=128, graph_max_cells=1 << 20, dtype=dtype,
-                       compile=compile)
+                       compile=compile, snake_conv=snake_conv)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,12 +304,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="decoder dtype")
     p.add_argument("--compile", action="store_true",
                    help="the decode through torch.compile (snac_model.SnacDecoder compile)")
+    p.add_argument("--snake-conv", choices=list(SNAKE_CONVS), default="torch",
+                   help="Snake and depthwise convolutions: torch's layers or fused Triton "
+                        "kernels (snac_kernels)")
     a = p.parse_args(argv)
     if a.threads:
         import torch
 
         torch.set_num_threads(a.threads)
-    dec = _decoder(a.shape, a.device, a.graphs, a.dtype, a.compile)
+    dec = _decoder(a.shape, a.device, a.graphs, a.dtype, a.compile, a.snake_conv)
     if a.what == "rf":
         print(f"layer-derived support: {dec.support} samples")
         for r in measure_reach(dec):
@@ -320,11 +325,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{k}: {v:.4g}")
     elif a.what == "seams":
         codes = random_codes(a.frames or 60, seed=1)
-        print(f"dtype {a.dtype}, device {a.device}, compile {a.compile}, random weights")
-        if a.dtype != "float32" or a.compile:
+        print(f"dtype {a.dtype}, device {a.device}, compile {a.compile}, snake_conv "
+              f"{a.snake_conv}, random weights")
+        if a.dtype != "float32" or a.compile or a.snake_conv != "torch":
             ref = _decoder(a.shape, a.device, False, "float32")
-            print(f"full decode vs float32: {full_decode_error_db(dec, ref, codes):7.1f} dB "
-                  "re RMS (max abs error)")
+            err = full_decode_error_db(dec, ref, codes)
+            print(f"full decode vs float32 torch layers: {err:7.1f} dB re RMS (max abs error)")
         for name, cfg in SCHEDULES.items():
             sr = seam_report(dec, codes, cfg)
             later = max(sr.seam_db[1:], default=-math.inf)
@@ -335,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
         frames = a.frames or 4
         import torch
 
-        print(f"device {a.device}, torch threads {torch.get_num_threads()}, random weights")
+        print(f"device {a.device}, torch threads {torch.get_num_threads()}, dtype {a.dtype}, "
+              f"snake_conv {a.snake_conv}, random weights")
         for b in a.batch:
             t = time_decode(dec, b, frames)
             audio_s = b * frames * dec.samples_per_frame / dec.sample_rate

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,10 @@ NoiseMode = Literal["positional", "off"]
 # Decoder dtypes that ship (the seam tests cover each).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                   "float16": torch.float16}
+
+# How Snake activations and depthwise convolutions run: torch's layers, or fused
+# Triton kernels (snac_kernels; CUDA).
+SNAKE_CONVS = ("torch", "triton")
 
 # hubertsiuzdak/snac_24khz config.json; checked against snac 1.2.1 ``SNAC.__init__``
 # (every key is one of its arguments; latent_dim defaults to 48 * 2**4 = 768).
@@ -331,6 +336,7 @@ class SnacDecoder:
                  graph_frame_step: int = 4, graph_max_frames: int = 24,
                  graph_max_cells: int = 512, dtype: str = "float32",
                  compile: bool = False, compile_backend: Any = "inductor",
+                 snake_conv: str = "torch",
                  main_stream: bool = False) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -351,9 +357,10 @@ class SnacDecoder:
         self._install_noise(noise, noise_seed, list(model.decoder_rates))
         if compile:
             _swap_depthwise(self.decoder)
+        premasked = self._fuse(snake_conv, compile)
         for m in self.decoder.modules():
             if (isinstance(m, nn.Conv1d | nn.ConvTranspose1d | ShiftedDepthwise)
-                    and m.kernel_size[0] > 1):
+                    and m.kernel_size[0] > 1 and m not in premasked):
                 m.register_forward_pre_hook(self._mask_hook)
         self.quantizer.to(self.device).eval()
         self.dtype = DTYPES[dtype]
@@ -393,6 +400,23 @@ class SnacDecoder:
                 if isinstance(layer, NoiseBlock):
                     seq[i] = (nn.Identity() if noise == "off"
                               else PositionalNoise(layer.linear, up, self._state, gen))
+
+    def _fuse(self, snake_conv: str, compile: bool) -> set[nn.Module]:
+        """With ``snake_conv="triton"``, Snake and depthwise convolutions as fused
+        kernels (``snac_kernels``); returns the convolutions whose mask they apply."""
+        if snake_conv not in SNAKE_CONVS:
+            raise ValueError(f"snake_conv must be one of {', '.join(SNAKE_CONVS)}, "
+                             f"not {snake_conv!r}")
+        if snake_conv == "torch":
+            return set()
+        if compile:
+            raise ValueError("snake_conv 'triton' and compile exclude each other (compile "
+                             "fuses the same work its own way)")
+        if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("snake_conv 'triton' needs a CUDA device")
+        from rtserver.voices.orpheus.snac_kernels import fuse
+
+        return fuse(self.decoder, self._state)
 
     def _mask_hook(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> Any:
         st = self._state

@@ -71,7 +71,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
                               graph_max_batch=config.max_batch,
                               graph_max_frames=config.graph_max_frames,
                               graph_max_cells=config.graph_max_cells, dtype=config.dtype,
-                              compile=config.compile, main_stream=config.main_stream)
+                              compile=config.compile, main_stream=config.main_stream,
+                              snake_conv=config.snake_conv)
         return cls(decoder, config, device)
 
     def _warm_up(self) -> Any:
