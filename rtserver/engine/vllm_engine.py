@@ -98,6 +98,9 @@ class VllmEngineConfig:
     # KV cache size in GiB; None: vLLM's default (GPU: from gpu_memory_utilization;
     # CPU: VLLM_CPU_KVCACHE_SPACE).
     kv_cache_gib: float | None = None
+    # vLLM's kv_cache_dtype: "auto" (the model's dtype) or an fp8 format, which
+    # halves what a decode step's attention reads per cached token.
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
@@ -353,6 +356,7 @@ class VllmEngine:
             seed=c.seed,
             max_model_len=c.max_model_len,
             max_num_seqs=c.max_num_seqs,
+            kv_cache_dtype=c.kv_cache_dtype,  # type: ignore[arg-type]
             gpu_memory_utilization=c.gpu_memory_utilization,
             enforce_eager=c.enforce_eager,
             enable_prefix_caching=c.enable_prefix_caching,

@@ -65,3 +65,13 @@ def test_declared_random_layouts_load_as_that_method(tmp_path: Path, method: str
 def test_a_contradiction_fails_before_vllm(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'awq' contradicts the checkpoint"):
         engine(tmp_path, "awq", {"quant_method": "fp8"}).engine_args()
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8", "fp8_e5m2"])
+def test_vllm_accepts_the_kv_cache_dtype(tmp_path: Path, kv: str) -> None:
+    """``[orpheus] kv_cache_dtype`` reaches vLLM's cache config as given."""
+    folder = write_tiny_orpheus(tmp_path, shape="tiny")
+    args = VllmEngine(VllmEngineConfig(model=str(folder), dummy_weights=True, kv_cache_dtype=kv,
+                                       enforce_eager=True, max_model_len=512,
+                                       max_num_seqs=4)).engine_args()
+    assert args.create_engine_config().cache_config.cache_dtype == kv

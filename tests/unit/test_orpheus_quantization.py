@@ -4,6 +4,7 @@ checkpoint's own quantization_config, and what reaches vLLM's ``quantization``."
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from rtserver.engine.quantization import (
 )
 from rtserver.errors import ConfigError
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
-from rtserver.voices.orpheus.voice import OrpheusConfig
+from rtserver.voices.orpheus.voice import KV_CACHE_DTYPES, OrpheusConfig
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 
@@ -94,3 +95,13 @@ def test_config_load_names_the_field(tmp_path: Path) -> None:
 def test_every_setting_is_a_vllm_method() -> None:
     quant = pytest.importorskip("vllm.model_executor.layers.quantization")
     assert set(QUANTIZATION_SETTINGS) <= set(quant.QUANTIZATION_METHODS)
+
+
+def test_kv_cache_dtypes_are_vllm_cache_dtypes() -> None:
+    cache = pytest.importorskip("vllm.config.cache")
+    assert set(KV_CACHE_DTYPES) <= set(typing.get_args(cache.CacheDType))
+    assert load_config(env={}).family("orpheus", OrpheusConfig).kv_cache_dtype == "auto"
+    fp8 = load_config(env={"RTSERVER_ORPHEUS_KV_CACHE_DTYPE": "fp8"})
+    assert fp8.family("orpheus", OrpheusConfig).kv_cache_dtype == "fp8"
+    with pytest.raises(ConfigError, match=r"\[orpheus\] kv_cache_dtype 'int4' is not one of"):
+        load_config(env={}, flags={"orpheus.kv_cache_dtype": "int4"})

@@ -82,6 +82,9 @@ FAMILY = "orpheus"
 # on it: contexts that were speaking with it ask for their next segment sooner.
 RETIRE_GRACE_S = 10.0
 
+# [orpheus] kv_cache_dtype: values of vLLM's kv_cache_dtype (0.26 and 0.32) served here
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
 # Audio tokens of slot i % 7 at output position i; end of speech at frame boundaries.
 AUDIO_MASK = CyclicTokenMask(
     slot_ranges=tuple(ot.slot_range(s) for s in range(ot.FRAME_TOKENS)),
@@ -115,6 +118,13 @@ class OrpheusConfig:
     max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = 0.8  # the rest: SNAC and its batched decodes
     kv_cache_gib: float | None = None
+    # "auto" (the model's dtype) or "fp8" / "fp8_e4m3" / "fp8_e5m2" (vLLM's
+    # kv_cache_dtype): half the bytes a step's attention reads per cached token,
+    # which at 256 streams on an H200 was the largest kernel of vLLM's steps
+    # (FlashAttention decode, 369 of 1,080 ms; bench/results/h200-orpheus-timeline-
+    # 2026-12-04); without calibrated scales (scale 1), so its effect on a
+    # checkpoint's speech is not measured here.
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
@@ -188,7 +198,8 @@ class OrpheusConfig:
                              f"({self.max_adapters})")
         for name, allowed in (("token_guard", ("auto", "mask", "allowed", "none")),
                               ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny")),
-                              ("engine_process", ("separate", "inproc"))):
+                              ("engine_process", ("separate", "inproc")),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
@@ -575,6 +586,7 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
             max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,
+            kv_cache_dtype=cfg.kv_cache_dtype,
             enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
             priority_scheduling=cfg.priority_scheduling,
             token_guard=guard,  # type: ignore[arg-type]
