@@ -55,8 +55,8 @@ INTERPRETED = textwrap.dedent('''
     assert kinds.count("FusedResidualUnit") == 12 and kinds.count("MaskedSnake") == 5, kinds
     assert fused.support == eager.support
     codes = random_codes(30, seed=5)
-    for starts in ([4], [0, 11, 20]):
-        sizes = [2] if len(starts) == 1 else [3, 1, 2]
+    for starts in ([4], [0, 11]):
+        sizes = [1] if len(starts) == 1 else [2, 1]
         windows = [CodeWindow(codes[s:s + n], s) for s, n in zip(starts, sizes)]
         for w, g, e in zip(windows, fused.decode(windows), eager.decode(windows), strict=True):
             assert g.shape == e.shape == (w.n_frames * 2048,)
