@@ -7,9 +7,10 @@
 #      float32 torch layers and their seams (snac-seams-triton.txt);
 #   2. Orpheus through one worker and 4 front ends with SNAKE (default triton) at LEVELS
 #      (run_orpheus_worker.sh's files: env.txt, worker-metrics.txt, gpu-util.txt, fe.tgz).
+# T_START=$(date +%s) at the call's start counts the install into LIMIT (default 570).
 # Then the baseline in the next call on the same machine, e.g.
 #   SKIP_SNAC=1 SNAKE=torch LEVELS=128,192,256 BURST=0 OUT=$OUT bash bench/gpu/run_orpheus_snake.sh
-T0=$(date +%s); OUT=${OUT:?OUT: where the results go}
+T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
 [ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 if [ "${SKIP_SNAC:-0}" != 1 ]; then
