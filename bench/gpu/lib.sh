@@ -52,3 +52,20 @@ server_wheels() {
   fi
   return 0
 }
+
+# snac_alone OUT T0: SNAC at the real 24 kHz shape (random weights) with CUDA graphs, torch's
+# layers against [orpheus.vocoder] snake_conv = "triton": ms a call of 1, 16 and 64 windows of
+# 22 frames (a steady chunk of 16 with its context and lookahead) in OUT/snac-timing-*.txt,
+# then the kernels' full decode against float32 torch layers and their seams in
+# OUT/snac-seams-triton.txt. T0: the call's start, for the progress lines.
+snac_alone() {
+  local sc
+  for sc in torch triton; do
+    timeout 100 python3 -m rtserver.tools.measure.snac timing --device cuda --graphs \
+      --snake-conv $sc --frames 22 --batch 1 16 64 > "$1"/snac-timing-$sc.txt 2>&1
+    echo "snac timing, $sc: rc $? ($(( $(date +%s) - $2 )) s)"; grep -E '^batch' "$1"/snac-timing-$sc.txt
+  done
+  timeout 80 python3 -m rtserver.tools.measure.snac seams --device cuda --snake-conv triton \
+    --frames 40 > "$1"/snac-seams-triton.txt 2>&1
+  echo "snac seams: rc $? ($(( $(date +%s) - $2 )) s)"; head -4 "$1"/snac-seams-triton.txt
+}

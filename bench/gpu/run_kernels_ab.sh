@@ -15,12 +15,5 @@ export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 . bench/gpu/lib.sh; server_wheels $SRV
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $OUT/env.txt 2>&1
 python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'triton', triton.__version__)" >> $OUT/env.txt 2>&1
-for sc in torch triton; do
-  timeout 100 python3 -m rtserver.tools.measure.snac timing --device cuda --graphs \
-    --snake-conv $sc --frames 22 --batch 1 16 64 > $OUT/snac-timing-$sc.txt 2>&1
-  echo "snac timing, $sc: rc $? ($(( $(date +%s) - T0 )) s)"; grep -E '^batch' $OUT/snac-timing-$sc.txt
-done
-timeout 80 python3 -m rtserver.tools.measure.snac seams --device cuda --snake-conv triton \
-  --frames 40 > $OUT/snac-seams-triton.txt 2>&1
-echo "snac seams: rc $? ($(( $(date +%s) - T0 )) s)"; head -4 $OUT/snac-seams-triton.txt
+snac_alone $OUT $T0
 OUT=$OUT SRV=$SRV LIMIT=$(( ${LIMIT:-575} - ($(date +%s) - T0) )) bash bench/gpu/run_chattts_attention_ab.sh

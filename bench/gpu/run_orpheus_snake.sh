@@ -14,14 +14,7 @@ T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
 [ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 if [ "${SKIP_SNAC:-0}" != 1 ]; then
-  for sc in torch triton; do
-    timeout 120 python3 -m rtserver.tools.measure.snac timing --device cuda --graphs \
-      --snake-conv $sc --frames 22 --batch 1 16 64 > $OUT/snac-timing-$sc.txt 2>&1
-    echo "snac timing, $sc: rc $? ($(( $(date +%s) - T0 )) s)"; grep -E '^batch' $OUT/snac-timing-$sc.txt
-  done
-  timeout 90 python3 -m rtserver.tools.measure.snac seams --device cuda --snake-conv triton \
-    --frames 40 > $OUT/snac-seams-triton.txt 2>&1
-  echo "snac seams: rc $? ($(( $(date +%s) - T0 )) s)"; head -4 $OUT/snac-seams-triton.txt
+  . bench/gpu/lib.sh; snac_alone $OUT $T0
 fi
 RTSERVER_ORPHEUS_VOCODER_SNAKE_CONV=${SNAKE:-triton} OUT=$OUT \
   LIMIT=$(( ${LIMIT:-570} - ($(date +%s) - T0) )) LEVELS=${LEVELS:-1,128,192,256} \
