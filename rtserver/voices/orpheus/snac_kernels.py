@@ -133,8 +133,9 @@ def _keep(state: MaskState, t: int) -> tuple[torch.Tensor | None, int]:
     return state.lengths, t // state.t_latent
 
 
-def _is_depthwise(conv: nn.Module) -> bool:
-    return (isinstance(conv, nn.Conv1d) and conv.groups > 1 and conv.bias is not None
+def is_depthwise(conv: nn.Module) -> bool:
+    """A depthwise (one filter per channel) stride-1 ``Conv1d`` with numeric padding."""
+    return (isinstance(conv, nn.Conv1d) and conv.groups > 1
             and conv.groups == conv.in_channels == conv.out_channels
             and conv.stride[0] == 1 and not isinstance(conv.padding, str))
 
@@ -188,7 +189,8 @@ def fuse(decoder: nn.Module, state: MaskState) -> set[nn.Module]:
 
     def walk(module: nn.Module) -> None:
         for name, child in module.named_children():
-            if isinstance(child, ResidualUnit) and _is_depthwise(child.block[1]):
+            conv = child.block[1] if isinstance(child, ResidualUnit) else None
+            if conv is not None and is_depthwise(conv) and conv.bias is not None:
                 fused = FusedResidualUnit(child, state)
                 setattr(module, name, fused)
                 masked.add(fused.conv)
@@ -210,4 +212,4 @@ def fuse(decoder: nn.Module, state: MaskState) -> set[nn.Module]:
 
 
 __all__ = ["BLOCK_T", "FusedResidualUnit", "MaskState", "MaskedSnake", "depthwise_snake",
-           "fuse", "snake"]
+           "fuse", "is_depthwise", "snake"]

@@ -53,7 +53,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from rtserver.engine.capture_streams import capture_stream
+from rtserver.voices.orpheus.snac_kernels import fuse, is_depthwise
 
 FloatArray = npt.NDArray[np.float32]
 NoiseMode = Literal["positional", "off"]
@@ -149,10 +150,8 @@ def _swap_depthwise(module: nn.Module) -> int:
     ``ShiftedDepthwise``; returns how many."""
     n = 0
     for name, child in module.named_children():
-        if (isinstance(child, nn.Conv1d) and child.groups > 1
-                and child.groups == child.in_channels == child.out_channels
-                and child.stride[0] == 1):
-            setattr(module, name, ShiftedDepthwise(child))
+        if is_depthwise(child):
+            setattr(module, name, ShiftedDepthwise(cast(nn.Conv1d, child)))
             n += 1
         else:
             n += _swap_depthwise(child)
@@ -414,8 +413,6 @@ class SnacDecoder:
                              "fuses the same work its own way)")
         if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("snake_conv 'triton' needs a CUDA device")
-        from rtserver.voices.orpheus.snac_kernels import fuse
-
         return fuse(self.decoder, self._state)
 
     def _mask_hook(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> Any:
