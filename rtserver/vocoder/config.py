@@ -69,11 +69,13 @@ class VocoderConfig:
     # compile for less GPU time per window. Off: on an H100 the compiled SNAC's
     # warm-up and graphs took 3.7 minutes (bench/results/h100-2026-12-05-s17).
     compile: bool = False
-    # Snake activations and depthwise convolutions: "torch" (its layers) or
-    # "triton" (fused kernels, CUDA; ``voices.orpheus.snac_kernels``): on an H200
-    # those layers and their masks were ~80 % of SNAC's GPU time at 256 Orpheus
-    # streams (bench/results/h200-orpheus-timeline-2026-12-04). Not with compile.
-    snake_conv: str = "torch"
+    # Snake activations and depthwise convolutions: "torch" (its layers),
+    # "triton" (fused kernels, CUDA; ``voices.orpheus.snac_kernels``) or "auto"
+    # (the kernels on CUDA with Triton, not with compile; the layers elsewhere).
+    # On an H100, SNAC alone, the kernels' float32 decode equals the layers' bit
+    # for bit and takes 48 against 79 ms for 64 windows of 22 frames
+    # (bench/results/h100-2026-12-06-s24); through the server: not yet measured.
+    snake_conv: str = "auto"
     # CUDA: the batched calls on a stream of their own (the first lane has its
     # own already); for a vLLM engine in the same process, whose default-stream
     # kernels would otherwise serialize with them. Off until measured on a GPU.
@@ -82,8 +84,9 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         if self.noise not in ("positional", "off"):
             raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
-        if self.snake_conv not in ("torch", "triton"):
-            raise ValueError(f"snake_conv must be 'torch' or 'triton', not {self.snake_conv!r}")
+        if self.snake_conv not in ("auto", "torch", "triton"):
+            raise ValueError(f"snake_conv must be 'auto', 'torch' or 'triton', not "
+                             f"{self.snake_conv!r}")
         if self.snake_conv == "triton" and self.compile:
             raise ValueError("snake_conv 'triton' and compile exclude each other")
         if self.dtype not in ("float32", "bfloat16", "float16"):

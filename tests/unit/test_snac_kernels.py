@@ -49,7 +49,7 @@ INTERPRETED = textwrap.dedent('''
             assert (half.float() - want).abs().max() < 0.1 * want.abs().max(), dilation
 
     # through a decoder: windows of one length (no masks) and of several (masks)
-    eager = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=4))
+    eager = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=4), snake_conv="torch")
     fused = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=4), snake_conv="triton")
     kinds = [type(m).__name__ for m in fused.decoder.modules()]
     assert kinds.count("FusedResidualUnit") == 12 and kinds.count("MaskedSnake") == 5, kinds
@@ -100,6 +100,21 @@ def test_the_kernels_compile_for_an_h100(which: int) -> None:
     kernel = compile(ASTSource(fn=kernel_fn, signature=signature, constexprs=constexprs),
                      target=GPUTarget("cuda", 90, 32))
     assert kernel.asm["cubin"] and kernel_fn.__name__ in kernel.asm["ptx"]
+
+
+def test_auto_picks_the_kernels_on_cuda_only() -> None:
+    """The default: torch's layers on the CPU and with compile (CUDA: the kernels,
+    which the GPU run checks, bench/results/h100-2026-12-06-s24)."""
+    from rtserver.vocoder.config import VocoderConfig
+    from rtserver.voices.orpheus.snac_kernels import FusedResidualUnit
+    from rtserver.voices.orpheus.snac_model import TINY_SNAC_CONFIG, SnacDecoder, build_snac
+
+    assert VocoderConfig().snake_conv == "auto"
+    for compile in (False, True):
+        d = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=0), compile=compile,
+                        compile_backend="aot_eager")
+        assert d.snake_conv == "torch"
+        assert not any(isinstance(m, FusedResidualUnit) for m in d.decoder.modules())
 
 
 def test_refused_where_they_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
