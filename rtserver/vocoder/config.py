@@ -12,6 +12,10 @@ from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
 if TYPE_CHECKING:
     from rtserver.vocoder.batcher import BatcherConfig
 
+# How a SNAC decoder runs Snake activations and depthwise convolutions
+# (``VocoderConfig.snake_conv``, ``voices.orpheus.snac_model.SnacDecoder``).
+SNAKE_CONVS = ("auto", "torch", "triton")
+
 
 @dataclass(frozen=True, slots=True)
 class VocoderConfig:
@@ -69,11 +73,11 @@ class VocoderConfig:
     # compile for less GPU time per window. Off: on an H100 the compiled SNAC's
     # warm-up and graphs took 3.7 minutes (bench/results/h100-2026-12-05-s17).
     compile: bool = False
-    # Snake activations and depthwise convolutions: "torch" (its layers),
-    # "triton" (fused kernels, CUDA; ``voices.orpheus.snac_kernels``) or "auto"
-    # (the kernels on CUDA with Triton, not with compile; the layers elsewhere).
-    # On an H100, SNAC alone, the kernels' float32 decode equals the layers' bit
-    # for bit and takes 48 against 79 ms for 64 windows of 22 frames
+    # Snake activations and depthwise convolutions (one of SNAKE_CONVS): "torch"
+    # (its layers), "triton" (fused kernels, CUDA; ``voices.orpheus.snac_kernels``)
+    # or "auto" (the kernels on CUDA with Triton, not with compile; the layers
+    # elsewhere). On an H100, SNAC alone, the kernels' float32 decode equals the
+    # layers' bit for bit and takes 48 against 79 ms for 64 windows of 22 frames
     # (bench/results/h100-2026-12-06-s24); through the server: not yet measured.
     snake_conv: str = "auto"
     # CUDA: the batched calls on a stream of their own (the first lane has its
@@ -84,8 +88,8 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         if self.noise not in ("positional", "off"):
             raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
-        if self.snake_conv not in ("auto", "torch", "triton"):
-            raise ValueError(f"snake_conv must be 'auto', 'torch' or 'triton', not "
+        if self.snake_conv not in SNAKE_CONVS:
+            raise ValueError(f"snake_conv must be one of {', '.join(SNAKE_CONVS)}, not "
                              f"{self.snake_conv!r}")
         if self.snake_conv == "triton" and self.compile:
             raise ValueError("snake_conv 'triton' and compile exclude each other")

@@ -153,7 +153,7 @@ async def test_the_decoders_counters_show_what_padding_cost(tmp_path: Path) -> N
             pass
         # the torch engine fails a non-finite step itself: the decoder's streams
         # skip their own check of every hidden state
-        assert rt.decoder.finite_input is True  # type: ignore[attr-defined]
+        assert rt.decoder.config.finite_input is True  # type: ignore[attr-defined]
         counters = {name: value for name, (_, value) in rt.counters().items()}
         frames = counters["chattts_decoder_frames"]
         assert frames >= 40  # every step, with the windows' context and look-ahead

@@ -26,10 +26,10 @@ import numpy.typing as npt
 
 from rtserver.vocoder.batcher import WindowDecoder
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
+from rtserver.vocoder.config import SNAKE_CONVS
 from rtserver.voices.orpheus.snac_model import (
     DTYPES,
     SNAC24_CONFIG,
-    SNAKE_CONVS,
     TINY_SNAC_CONFIG,
     CodeWindow,
     SnacDecoder,

@@ -164,6 +164,9 @@ class FusedResidualUnit(nn.Module):
         snake1, conv, snake2, pointwise = list(block.children())
         self.alpha1 = cast(torch.Tensor, snake1.alpha)
         self.conv = cast(nn.Conv1d, conv)
+        # fuse picks units whose convolution is_depthwise (numeric padding) with a bias
+        self.dilation = int(self.conv.dilation[0])
+        self.padding = int(cast(tuple[int], self.conv.padding)[0])
         self.alpha2 = cast(torch.Tensor, snake2.alpha)
         self.pointwise = pointwise
         self._state = state
@@ -172,10 +175,8 @@ class FusedResidualUnit(nn.Module):
         keep, scale = _keep(self._state, x.shape[-1])
         x = x.contiguous()
         h = snake(x, self.alpha1, keep, scale)
-        conv = self.conv
-        assert conv.bias is not None and not isinstance(conv.padding, str)  # fuse checks both
-        h = depthwise_snake(h, conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
-                            self.alpha2)
+        h = depthwise_snake(h, self.conv.weight, cast(torch.Tensor, self.conv.bias),
+                            self.dilation, self.padding, self.alpha2)
         y: torch.Tensor = self.pointwise(h)
         return x + y
 

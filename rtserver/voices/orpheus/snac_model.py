@@ -63,6 +63,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from rtserver.engine.capture_streams import capture_stream
+from rtserver.vocoder.config import SNAKE_CONVS
 from rtserver.voices.orpheus.snac_kernels import fuse, is_depthwise
 
 FloatArray = npt.NDArray[np.float32]
@@ -70,13 +71,6 @@ NoiseMode = Literal["positional", "off"]
 # Decoder dtypes that ship (the seam tests cover each).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                   "float16": torch.float16}
-
-# How Snake activations and depthwise convolutions run: torch's layers, or fused
-# Triton kernels (snac_kernels; CUDA), or "auto": the kernels on a CUDA device
-# with Triton installed (not with compile), torch's layers elsewhere. On an H100
-# the kernels' decode equals the layers' bit for bit in float32 and takes 48
-# against 79 ms for 64 windows of 22 frames (bench/results/h100-2026-12-06-s24).
-SNAKE_CONVS = ("auto", "torch", "triton")
 
 # hubertsiuzdak/snac_24khz config.json; checked against snac 1.2.1 ``SNAC.__init__``
 # (every key is one of its arguments; latent_dim defaults to 48 * 2**4 = 768).

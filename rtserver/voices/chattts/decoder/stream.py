@@ -102,12 +102,7 @@ class ChatTTSVocoder(BatchedVocoder[StepWindow]):
         """A segment's stream; one chunk plan for every segment (ChatTTS's r
         stays low enough that its chunks never outgrow the audio before them).
         ``held_s``: the audio its listener holds before it (deep chunks)."""
-        return ChatTTSStream(self, self._batcher, held_s=held_s, finite=self.finite_input)
-
-    @property
-    def finite_input(self) -> bool:
-        """Streams skip the host's finiteness check (``config.finite_input``)."""
-        return self.config.finite_input
+        return ChatTTSStream(self, self._batcher, held_s=held_s)
 
 
 class ChatTTSStream(PlannedStream[StepWindow]):
@@ -119,13 +114,13 @@ class ChatTTSStream(PlannedStream[StepWindow]):
     _what = "ChatTTS vocoder stream"
 
     def __init__(self, vocoder: ChatTTSVocoder, batcher: DecodeBatcher[StepWindow], *,
-                 held_s: float | None = None, finite: bool = False) -> None:
+                 held_s: float | None = None) -> None:
         dec = vocoder.decoder
         super().__init__(batcher, vocoder.chunking, samples_per_frame=STEP_SAMPLES,
                          sample_rate=vocoder.sample_rate, width=dec.input_width,
                          dtype=dec.input_dtype, held_s=held_s)
         self._vocoder = vocoder
-        self._finite = finite
+        self._finite = vocoder.config.finite_input  # skip the host's finiteness check
 
     @property
     def steps(self) -> int:
