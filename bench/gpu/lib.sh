@@ -69,3 +69,21 @@ snac_alone() {
     --frames 40 > "$1"/snac-seams-triton.txt 2>&1
   echo "snac seams: rc $? ($(( $(date +%s) - $2 )) s)"; head -4 "$1"/snac-seams-triton.txt
 }
+
+# mps_start DIR / mps_stop: NVIDIA's Multi-Process Service for the processes started after it
+# (its control daemon, pipes and logs under DIR; the GPU's compute mode is left as it is). Two
+# processes on one GPU without it are time-sliced: the vLLM EngineCore's kernels and the worker's
+# SNAC kernels ran one context at a time (bench/results/h200-orpheus-timeline-2026-12-04: both
+# "in flight" 30-39 % of a window, contention, not concurrency); under MPS they share the SMs.
+# Returns 1 (and the run goes on without it) where the daemon cannot start.
+mps_start() {
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "MPS: no nvidia-cuda-mps-control"; return 1; }
+  mkdir -p "$1"/pipe "$1"/log
+  export CUDA_MPS_PIPE_DIRECTORY="$1"/pipe CUDA_MPS_LOG_DIRECTORY="$1"/log
+  nvidia-cuda-mps-control -d || { echo "MPS: the daemon did not start"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 1; }
+  echo "MPS: daemon started ($1)"
+}
+mps_stop() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
+  return 0
+}

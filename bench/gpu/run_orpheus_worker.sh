@@ -6,6 +6,9 @@ T0=$(date +%s)
 # a machine that has the vLLM set in /tmp/site already (the last part's call installed it) skips it
 [ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
+# MPS=1: the worker and vLLM's EngineCore under NVIDIA's Multi-Process Service (lib.sh mps_start)
+. bench/gpu/lib.sh
+[ "${MPS:-0}" = 1 ] && { mps_start /tmp/mps && echo "mps: on" > $OUT/mps.txt || echo "mps: could not start" > $OUT/mps.txt; }
 CK=/tmp/rnd3b
 python3 -m rtserver.voices.orpheus.layout $CK --shape 3b --weights audio-biased | tail -1
 python3 -m rtserver.tools.layouts.snac $CK/snac --shape 24khz | tail -1
@@ -20,7 +23,7 @@ printf '[voice]\ndefault = "orpheus:tara"\n[gpu]\nmetrics_port = 9100\n%s\n' "${
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $OUT/gpu-util.txt ) & N=$!
 CONFIG=/tmp/or.toml VOICE=orpheus:tara FRONTENDS=4 O=/tmp/fe T_START=$T0 LIMIT=${LIMIT:-590} \
   LEVELS=${LEVELS:-1,64,128,192,256,320} DURATION=18 STAGGER=8 BURST=${BURST:-64} bash bench/gpu/run_frontends.sh
-kill $S $N 2>/dev/null
+kill $S $N 2>/dev/null; mps_stop
 for d in /tmp/fe/f*/; do sed -n '/^| streams/,/^$/p;/^| level/,/^$/p' $d/summary.md; done
 tail -5 /tmp/fe/logs/worker.log
 echo "done $(( $(date +%s) - T0 )) s"
