@@ -62,7 +62,17 @@ class VocoderConfig:
     # thread, beside the main calls, so a first chunk never waits for one in flight.
     first_lane: bool = True
     graph_max_frames: int = 24  # longest window (frames) a graph is captured for
-    graph_max_cells: int = 512  # largest batch x frames a graph is captured for (50 graphs)
+    graph_max_cells: int = 512  # largest batch x frames a graph is captured for
+    # Window counts a graph is captured for (up to max_batch): a call replays the
+    # smallest that holds it (or, past the largest that fits graph_max_cells, that one
+    # and the rest), every other row computed for nothing. Steps of at most 1/4 past
+    # 8, as ChatTTS's decoder (587ae9d), instead of powers of two, where a call of 9
+    # windows of 22 frames ran on the 16-row graph (1.9x its frames). Past a few
+    # windows a call costs what its cells cost: on an H100, 16 and 64 windows of 22
+    # frames 12 and 48 ms (bench/results/h100-2026-12-06-s24). ~140 graphs with the
+    # defaults instead of 50 (one shared memory pool a lane). Empty: powers of two.
+    graph_batch_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32,
+                                            40, 48, 56, 64)
     dummy_seed: int = 0  # --dummy-weights: seed of the random weights
     # The decoder's dtype, eager and in graphs: "float32", "bfloat16" or
     # "float16" (cheaper per stream-second on a GPU; their seam and full-decode
@@ -96,6 +106,8 @@ class VocoderConfig:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', not "
                              f"{self.dtype!r}")
+        if any(b < 1 for b in self.graph_batch_buckets):
+            raise ValueError(f"graph_batch_buckets must be >= 1, not {self.graph_batch_buckets}")
         if self.first_max_chunk_frames < 0:
             raise ValueError("first_max_chunk_frames must be >= 0 (0: max_chunk_frames)")
         if self.first_growth != 0 and not self.first_growth >= 1:

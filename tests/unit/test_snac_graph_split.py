@@ -89,3 +89,32 @@ def test_windows_longer_than_any_graph_still_decode_eagerly(
     assert replays == []
     assert [a.shape[0] for a in audio] == [30 * dec.samples_per_frame,
                                            12 * dec.samples_per_frame]
+
+
+def test_a_call_replays_the_smallest_configured_count_that_holds_it() -> None:
+    """With ``graph_batch_buckets`` a call of 9 windows of 22 frames replays the
+    10-row graph, not the 16-row one (powers of two), and 23 replays the most
+    rows a 24-frame graph holds under the cells bound, then the rest."""
+    counts = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+    dec = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=0), graph_max_cells=CELLS,
+                      graph_batch_buckets=counts)
+    assert [dec._bucket(b, 22) for b in (1, 3, 9, 11, 17, 20)] == [
+        (1, 24), (4, 24), (10, 24), (12, 24), (20, 24), (20, 24)]
+    assert dec._bucket(21, 22) is None  # 24 x 24 cells: over 512
+    assert dec._graph_rows(22) == 20 and dec._graph_rows(8) == 64
+    assert all(b in counts and b * n <= CELLS for b, n in dec.graph_buckets())
+    powers = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=0), graph_max_cells=CELLS)
+    assert powers._bucket(9, 22) == (16, 24) and powers._graph_rows(22) == 16
+
+
+def test_the_vocoder_config_gives_its_counts_to_the_decoder() -> None:
+    from rtserver.vocoder.config import VocoderConfig
+    from rtserver.voices.orpheus.snac_stream import SnacVocoder
+
+    config = VocoderConfig(graph_batch_buckets=(1, 3, 5))
+    vocoder = SnacVocoder.load(None, dummy=True, config=config)
+    assert [b for b, n in vocoder.decoder.graph_buckets() if n == 1] == [1, 3, 5, 64]
+    default = SnacVocoder.load(None, dummy=True).decoder
+    assert default._bucket(9, 22) == (10, 24)
+    with pytest.raises(ValueError, match="graph_batch_buckets"):
+        VocoderConfig(graph_batch_buckets=(0, 4))

@@ -331,8 +331,8 @@ class SnacDecoder:
     def __init__(self, model: Any, *, device: str = "cpu", noise: NoiseMode = "positional",
                  noise_seed: int = 0, cuda_graphs: bool = False, graph_max_batch: int = 64,
                  graph_frame_step: int = 4, graph_max_frames: int = 24,
-                 graph_max_cells: int = 512, dtype: str = "float32",
-                 compile: bool = False, compile_backend: Any = "inductor",
+                 graph_max_cells: int = 512, graph_batch_buckets: Sequence[int] = (),
+                 dtype: str = "float32", compile: bool = False, compile_backend: Any = "inductor",
                  snake_conv: str = "auto",
                  main_stream: bool = False) -> None:
         if dtype not in DTYPES:
@@ -372,6 +372,11 @@ class SnacDecoder:
         self._first: _Lane | None = None  # created by warm_up (CUDA graphs only)
         self._use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_max_batch = graph_max_batch
+        # window counts a graph takes (empty: powers of two), graph_max_batch the largest
+        self._batch_buckets = sorted(
+            {b for b in graph_batch_buckets if 1 <= b < graph_max_batch} | {graph_max_batch}
+            if graph_batch_buckets
+            else {1 << i for i in range(int(math.log2(graph_max_batch)) + 1)})
         self._graph_step = graph_frame_step
         self._graph_max_frames = graph_max_frames
         self._graph_max_cells = graph_max_cells
@@ -518,11 +523,11 @@ class SnacDecoder:
         bucket padding only costs. With a busy event loop holding the GIL, eager
         launches slow down and graphs also win at mid sizes (64 streams: 17% less
         decode time with graphs for every bucket). Hence batch x frames <=
-        ``graph_max_cells`` (512 with max_batch 64: 50 graphs, ~4 s to capture at start);
-        a bigger call of windows a graph's frames cover replays several (``decode``).
+        ``graph_max_cells`` (512 with max_batch 64: 50 graphs for powers of two, ~4 s to
+        capture at start; ~140 for ``graph_batch_buckets``' finer counts); a bigger call
+        of windows a graph's frames cover replays several (``decode``).
         """
-        batches = [1 << i for i in range(int(math.log2(self._graph_max_batch)) + 1)]
-        return [(b, n) for b in batches for n in self._frame_buckets()
+        return [(b, n) for b in self._batch_buckets for n in self._frame_buckets()
                 if b * n <= self._graph_max_cells]
 
     def _frame_buckets(self) -> list[int]:
@@ -575,18 +580,14 @@ class SnacDecoder:
     def _bucket(self, b: int, n: int) -> tuple[int, int] | None:
         if b > self._graph_max_batch or n > self._graph_max_frames:
             return None
-        bb = 1 << max(0, math.ceil(math.log2(b)))
+        bb = next(x for x in self._batch_buckets if x >= b)
         nb = next(f for f in self._frame_buckets() if f >= n)
         return None if bb * nb > self._graph_max_cells else (bb, nb)
 
     def _graph_rows(self, n: int) -> int:
         """The most windows of up to ``n`` frames one graph takes (0: none does)."""
-        if self._bucket(1, n) is None:
-            return 0
-        rows = 1
-        while rows * 2 <= self._graph_max_batch and self._bucket(rows * 2, n) is not None:
-            rows *= 2
-        return rows
+        return max((b for b in self._batch_buckets if self._bucket(b, n) is not None),
+                   default=0)
 
     def _lookup(self, lane: _Lane, b: int, n: int) -> _Graph | None:
         key = self._bucket(b, n)

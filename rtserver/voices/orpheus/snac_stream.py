@@ -70,7 +70,9 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
                               noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
                               graph_max_batch=config.max_batch,
                               graph_max_frames=config.graph_max_frames,
-                              graph_max_cells=config.graph_max_cells, dtype=config.dtype,
+                              graph_max_cells=config.graph_max_cells,
+                              graph_batch_buckets=config.graph_batch_buckets,
+                              dtype=config.dtype,
                               compile=config.compile, main_stream=config.main_stream,
                               snake_conv=config.snake_conv)
         return cls(decoder, config, device)
