@@ -15,6 +15,6 @@ case "$CARD" in
       PYSPY_AT=0 SINGLE_S=15 LEVELS=64,128,192,256,320,512 BURST=64 LIMIT=${LIMIT:-575} \
       bash bench/gpu/run_chattts_one_call.sh ;;
   *)
-    OUT=$OUT SRV=.gpu/srv3 ENGINE_LEVELS=1x128,256x512,512x512 LIMIT=${LIMIT:-575} \
+    OUT=$OUT SRV=.gpu/srv3 ENGINE_LEVELS=${ENGINE_LEVELS:-1x128,256x512,512x512} LIMIT=${LIMIT:-575} \
       bash bench/gpu/run_chattts_attention_ab.sh ;;
 esac
