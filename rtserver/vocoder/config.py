@@ -69,7 +69,7 @@ class VocoderConfig:
     # 8, as ChatTTS's decoder (587ae9d), instead of powers of two, where a call of 9
     # windows of 22 frames ran on the 16-row graph (1.9x its frames). Past a few
     # windows a call costs what its cells cost: on an H100, 16 and 64 windows of 22
-    # frames 12 and 48 ms (bench/results/h100-2026-12-06-s24). ~140 graphs with the
+    # frames 12 and 48 ms (bench/results/h100-2026-12-06-s24). 116 graphs with the
     # defaults instead of 50 (one shared memory pool a lane). Empty: powers of two.
     graph_batch_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32,
                                             40, 48, 56, 64)

@@ -118,3 +118,9 @@ def test_the_vocoder_config_gives_its_counts_to_the_decoder() -> None:
     assert default._bucket(9, 22) == (10, 24)
     with pytest.raises(ValueError, match="graph_batch_buckets"):
         VocoderConfig(graph_batch_buckets=(0, 4))
+
+
+def test_every_count_up_to_a_max_batch_off_the_powers_of_two_has_a_bucket() -> None:
+    dec = SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=0), graph_max_batch=48,
+                      graph_max_cells=4096)
+    assert [dec._bucket(b, 4) for b in (33, 40, 48, 49)] == [(48, 4), (48, 4), (48, 4), None]

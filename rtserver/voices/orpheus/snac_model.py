@@ -373,10 +373,9 @@ class SnacDecoder:
         self._use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_max_batch = graph_max_batch
         # window counts a graph takes (empty: powers of two), graph_max_batch the largest
+        counts = graph_batch_buckets or [1 << i for i in range(int(math.log2(graph_max_batch)) + 1)]
         self._batch_buckets = sorted(
-            {b for b in graph_batch_buckets if 1 <= b < graph_max_batch} | {graph_max_batch}
-            if graph_batch_buckets
-            else {1 << i for i in range(int(math.log2(graph_max_batch)) + 1)})
+            {b for b in counts if 1 <= b < graph_max_batch} | {graph_max_batch})
         self._graph_step = graph_frame_step
         self._graph_max_frames = graph_max_frames
         self._graph_max_cells = graph_max_cells
@@ -524,7 +523,7 @@ class SnacDecoder:
         launches slow down and graphs also win at mid sizes (64 streams: 17% less
         decode time with graphs for every bucket). Hence batch x frames <=
         ``graph_max_cells`` (512 with max_batch 64: 50 graphs for powers of two, ~4 s to
-        capture at start; ~140 for ``graph_batch_buckets``' finer counts); a bigger call
+        capture at start; 116 for ``graph_batch_buckets``' default counts); a bigger call
         of windows a graph's frames cover replays several (``decode``).
         """
         return [(b, n) for b in self._batch_buckets for n in self._frame_buckets()
