@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
+from rtserver.vocoder.graph_buckets import BATCH_COUNTS
 
 if TYPE_CHECKING:
     from rtserver.vocoder.batcher import BatcherConfig
@@ -63,16 +64,11 @@ class VocoderConfig:
     first_lane: bool = True
     graph_max_frames: int = 24  # longest window (frames) a graph is captured for
     graph_max_cells: int = 512  # largest batch x frames a graph is captured for
-    # Window counts a graph is captured for (up to max_batch): a call replays the
-    # smallest that holds it (or, past the largest that fits graph_max_cells, that one
-    # and the rest), every other row computed for nothing. Steps of at most 1/4 past
-    # 8, as ChatTTS's decoder (587ae9d), instead of powers of two, where a call of 9
-    # windows of 22 frames ran on the 16-row graph (1.9x its frames). Past a few
-    # windows a call costs what its cells cost: on an H100, 16 and 64 windows of 22
-    # frames 12 and 48 ms (bench/results/h100-2026-12-06-s24). 116 graphs with the
-    # defaults instead of 50 (one shared memory pool a lane). Empty: powers of two.
-    graph_batch_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32,
-                                            40, 48, 56, 64)
+    # Window counts a graph is captured for (up to max_batch; ``graph_buckets``): a
+    # call replays the smallest that holds it (or, past the largest that fits
+    # graph_max_cells, that one and the rest). 116 graphs with the defaults instead of
+    # 50 for powers of two (one shared memory pool a lane). Empty: powers of two.
+    graph_batch_buckets: tuple[int, ...] = BATCH_COUNTS
     dummy_seed: int = 0  # --dummy-weights: seed of the random weights
     # The decoder's dtype, eager and in graphs: "float32", "bfloat16" or
     # "float16" (cheaper per stream-second on a GPU; their seam and full-decode

@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from torch.nn.utils import parametrize
 
 from rtserver.engine.capture_streams import capture_stream
 from rtserver.vocoder.config import SNAKE_CONVS
+from rtserver.vocoder.graph_buckets import batch_buckets
 from rtserver.voices.orpheus.snac_kernels import fuse, is_depthwise
 
 FloatArray = npt.NDArray[np.float32]
@@ -372,13 +372,17 @@ class SnacDecoder:
         self._first: _Lane | None = None  # created by warm_up (CUDA graphs only)
         self._use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_max_batch = graph_max_batch
-        # window counts a graph takes (empty: powers of two), graph_max_batch the largest
-        counts = graph_batch_buckets or [1 << i for i in range(int(math.log2(graph_max_batch)) + 1)]
-        self._batch_buckets = sorted(
-            {b for b in counts if 1 <= b < graph_max_batch} | {graph_max_batch})
-        self._graph_step = graph_frame_step
+        self._batch_buckets = batch_buckets(graph_batch_buckets, graph_max_batch)
+        # frames a graph takes: 1 and 2 (first chunks), then multiples of the step
+        self._frame_buckets = sorted({1, 2, *range(graph_frame_step, graph_max_frames + 1,
+                                                   graph_frame_step), graph_max_frames})
         self._graph_max_frames = graph_max_frames
         self._graph_max_cells = graph_max_cells
+        # the most windows of up to n frames one graph takes (0: none), per n: read
+        # at every decode call
+        self._rows_for = [max((b for b in self._batch_buckets
+                               if self._bucket(b, n) is not None), default=0)
+                          for n in range(graph_max_frames + 1)]
         # compile: the decode as fused kernels (torch.compile, shapes dynamic so
         # one compile serves every window size; graphs are captured over it)
         self.compiled = compile
@@ -526,13 +530,8 @@ class SnacDecoder:
         capture at start; 116 for ``graph_batch_buckets``' default counts); a bigger call
         of windows a graph's frames cover replays several (``decode``).
         """
-        return [(b, n) for b in self._batch_buckets for n in self._frame_buckets()
+        return [(b, n) for b in self._batch_buckets for n in self._frame_buckets
                 if b * n <= self._graph_max_cells]
-
-    def _frame_buckets(self) -> list[int]:
-        """1 and 2 (first chunks), then multiples of the step."""
-        steps = range(self._graph_step, self._graph_max_frames + 1, self._graph_step)
-        return sorted({1, 2, *steps, self._graph_max_frames})
 
     def warm_up(self, max_frames: int = 1024, first_lane_frames: int = 0) -> int:
         """On CUDA: one eager decode of ``max_frames`` frames in all (the most one
@@ -580,13 +579,12 @@ class SnacDecoder:
         if b > self._graph_max_batch or n > self._graph_max_frames:
             return None
         bb = next(x for x in self._batch_buckets if x >= b)
-        nb = next(f for f in self._frame_buckets() if f >= n)
+        nb = next(f for f in self._frame_buckets if f >= n)
         return None if bb * nb > self._graph_max_cells else (bb, nb)
 
     def _graph_rows(self, n: int) -> int:
         """The most windows of up to ``n`` frames one graph takes (0: none does)."""
-        return max((b for b in self._batch_buckets if self._bucket(b, n) is not None),
-                   default=0)
+        return self._rows_for[n] if n < len(self._rows_for) else 0
 
     def _lookup(self, lane: _Lane, b: int, n: int) -> _Graph | None:
         key = self._bucket(b, n)

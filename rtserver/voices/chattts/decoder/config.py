@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rtserver.vocoder.chunking import ChunkConfig
+from rtserver.vocoder.graph_buckets import BATCH_COUNTS
 
 STEP_SAMPLES = 512  # one GPT step: 2 mel frames x hop 256 at 24 kHz (see dims)
 # Exact one-sided support of the real Decoder + Vocos (``dims.exact_support``).
@@ -100,15 +101,9 @@ class ChatTTSDecodeConfig:
     # steps buckets: first windows 16, steady windows 73 (24 + 32 + 16 + 1)
     graph_frame_buckets: tuple[int, ...] = (16, 24, 32, 48, 64, 80, 104, 128)
     graph_max_cells: int = 8192  # batch x steps of the largest graph
-    # windows a graph takes (up to max_batch): a call runs on the smallest that holds
-    # it, its other rows computed for nothing. Past 8 windows a call costs what its
-    # rows cost (H200, bf16 graphs: 3.6 us a step at 8 x 101, 2.8 at 64 x 69;
-    # bench/results/h200-chattts-decode-2026-12-04), and at 512 streams on an H100 the
-    # GPU ran 96-99 % busy with calls of 10-26 windows (bench/results/
-    # h100-2026-12-06-s23): steps of at most 1/4 past 8 instead of powers of two,
-    # where 17 windows ran on a 32-row graph
-    graph_batch_buckets: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32,
-                                            40, 48, 56, 64)
+    # windows a graph takes (up to max_batch; ``rtserver.vocoder.graph_buckets``): a
+    # call runs on the smallest that holds it, its other rows computed for nothing
+    graph_batch_buckets: tuple[int, ...] = BATCH_COUNTS
     # The hidden states pushed are finite, vouched by their producer (the torch
     # engine fails a request whose step was not, on the device): streams skip the
     # host's check of every value (``build_runtime`` sets it from the engine's

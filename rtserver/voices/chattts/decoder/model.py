@@ -21,7 +21,6 @@ graph work is on the decode thread (one call at a time).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +30,7 @@ import numpy.typing as npt
 import torch
 
 from rtserver.engine.capture_streams import capture_stream
+from rtserver.vocoder.graph_buckets import batch_buckets
 from rtserver.voices.chattts.decoder.dims import SAMPLE_RATE, STEP_SAMPLES, ChatTTSAudioDims
 from rtserver.voices.chattts.decoder.modules import MelDecoder, Vocos
 
@@ -106,12 +106,8 @@ class ChatTTSWindowDecoder:
         self._emulate = emulate_graphs and self.device.type == "cpu"
         self._use_graphs = (cuda_graphs and self.device.type == "cuda") or self._emulate
         self._graph_max_batch = graph_max_batch
-        # windows a graph takes: the given sizes up to graph_max_batch (and it), or
-        # powers of two; a call runs on the smallest that holds it
-        self._batch_buckets = sorted(
-            {b for b in graph_batch_buckets if 1 <= b < graph_max_batch} | {graph_max_batch}
-            if graph_batch_buckets
-            else {1 << i for i in range(int(math.log2(graph_max_batch)) + 1)})
+        # windows a graph takes; a call runs on the smallest that holds it
+        self._batch_buckets = batch_buckets(graph_batch_buckets, graph_max_batch)
         self._frame_buckets = sorted(set(graph_frame_buckets))
         self._graph_max_cells = graph_max_cells
         self._graphs: dict[tuple[int, int], _Graph] = {}
