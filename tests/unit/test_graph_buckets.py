@@ -3,6 +3,8 @@ pure arithmetic, no torch."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from rtserver.vocoder.graph_buckets import BATCH_COUNTS, batch_buckets
@@ -21,8 +23,7 @@ def test_no_counts_are_the_powers_of_two_and_max_batch() -> None:
 
 
 def test_default_counts_step_by_at_most_a_quarter_past_eight() -> None:
-    pairs = zip(BATCH_COUNTS, BATCH_COUNTS[1:], strict=False)
-    assert all(b - a <= max(2, a // 4) for a, b in pairs)
+    assert all(b - a <= max(2, a // 4) for a, b in itertools.pairwise(BATCH_COUNTS))
 
 
 def test_a_max_batch_below_one_is_refused() -> None:
