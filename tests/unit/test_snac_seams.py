@@ -197,17 +197,23 @@ def test_crossfade_softens_the_approximate_seam(decoder: SnacDecoder, codes: np.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_real_shape_seams(dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "frames"), [("float32", 60), ("bfloat16", 30)])
+def test_real_shape_seams(dtype: str, frames: int) -> None:
     # bf16 on the real shape: exact seams -25.5 dB at worst (measure seams --dtype).
+    # A CPU without bf16 instructions (AVX2 only) convolves bf16 on torch's slow
+    # path, ~20x float32 (a 60-frame bf16 case took 159 s of the suite there): bf16
+    # checks the exact plan over 30 frames (3 seams); the default plan's
+    # approximate first seam is a property of the plan, checked in float32.
     # float16 convolutions are minutes on a CPU: measured instead, 30 frames,
     # exact seams -44.7 dB at worst (measure seams --shape 24khz --dtype float16)
     floor = DTYPE_FLOOR_DB[dtype]
     real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0), dtype=dtype)
-    codes = random_codes(60, seed=1)
+    codes = random_codes(frames, seed=1)
     exact = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SUPPORT)
     report = seam_report(real, codes, exact)
-    assert report.worst_db < floor
+    assert len(report.seam_db) >= 3 and report.worst_db < floor
+    if dtype != "float32":
+        return
     report = seam_report(real, codes, ChunkConfig())
     assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < floor
 
