@@ -123,7 +123,8 @@ class OrpheusConfig:
     # which at 256 streams on an H200 was the largest kernel of vLLM's steps
     # (FlashAttention decode, 369 of 1,080 ms; bench/results/h200-orpheus-timeline-
     # 2026-12-04); without calibrated scales (scale 1), so its effect on a
-    # checkpoint's speech is not measured here.
+    # checkpoint's speech is not measured here. Through the server on an H100 it
+    # was no faster at 192 and 256 streams (bench/results/h100-2026-12-07-s26).
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
