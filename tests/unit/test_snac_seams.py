@@ -17,7 +17,13 @@ import torch
 from snac.layers import NoiseBlock
 
 from rtserver.tools.layouts.snac import write_tiny_snac
-from rtserver.tools.measure.snac import decode_chunked, measure_reach, random_codes, seam_report
+from rtserver.tools.measure.snac import (
+    SeamReport,
+    decode_chunked,
+    measure_reach,
+    random_codes,
+    seam_report,
+)
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher, group_windows
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
 from rtserver.voices.orpheus.snac_model import (
@@ -196,26 +202,33 @@ def test_crossfade_softens_the_approximate_seam(decoder: SnacDecoder, codes: np.
     assert faded.seam_db[0] < hard.seam_db[0] - 3.0
 
 
+def _real_shape_seams(dtype: str, frames: int, config: ChunkConfig) -> SeamReport:
+    real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0), dtype=dtype)
+    return seam_report(real, random_codes(frames, seed=1), config)
+
+
+EXACT_PLAN = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SUPPORT)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("dtype", "frames"), [("float32", 60), ("bfloat16", 30)])
-def test_real_shape_seams(dtype: str, frames: int) -> None:
+def test_real_shape_seams_float32() -> None:
+    report = _real_shape_seams("float32", 60, EXACT_PLAN)
+    assert report.worst_db < EXACT_DB
+    report = _real_shape_seams("float32", 60, ChunkConfig())
+    assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < EXACT_DB
+
+
+@pytest.mark.slow
+def test_real_shape_exact_seams_bfloat16() -> None:
     # bf16 on the real shape: exact seams -25.5 dB at worst (measure seams --dtype).
     # A CPU without bf16 instructions (AVX2 only) convolves bf16 on torch's slow
-    # path, ~20x float32 (a 60-frame bf16 case took 159 s of the suite there): bf16
-    # checks the exact plan over 30 frames (3 seams); the default plan's
-    # approximate first seam is a property of the plan, checked in float32.
+    # path, ~20x float32 (60 frames and both plans took 159 s of the suite there):
+    # the exact plan over 30 frames (3 seams); the default plan's approximate first
+    # seam is the plan's, checked in float32 above.
     # float16 convolutions are minutes on a CPU: measured instead, 30 frames,
     # exact seams -44.7 dB at worst (measure seams --shape 24khz --dtype float16)
-    floor = DTYPE_FLOOR_DB[dtype]
-    real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0), dtype=dtype)
-    codes = random_codes(frames, seed=1)
-    exact = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SUPPORT)
-    report = seam_report(real, codes, exact)
-    assert len(report.seam_db) >= 3 and report.worst_db < floor
-    if dtype != "float32":
-        return
-    report = seam_report(real, codes, ChunkConfig())
-    assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < floor
+    report = _real_shape_seams("bfloat16", 30, EXACT_PLAN)
+    assert len(report.seam_db) >= 3 and report.worst_db < DTYPE_FLOOR_DB["bfloat16"]
 
 
 # --- determinism and batching ------------------------------------------------------
