@@ -46,6 +46,21 @@ class VocoderConfig:
     context_samples: int = SNAC24_EXACT_SUPPORT
     first_lookahead_samples: int = 1024
     lookahead_samples: int = SNAC24_EXACT_SUPPORT
+    # A context's first segment's chunks after its first decode with this
+    # lookahead (0: ``lookahead_samples``). A chunk comes out once the frames
+    # of its lookahead are generated too; 3,584 samples instead of the exact
+    # 4,757 let chunk 1 of a first segment carry 235 instead of 186 ms for the
+    # same 4 frames, so by the server's hint model (``measure.chunk_plans``)
+    # a listener starts 277 instead of 499 ms after the text at r 0.65 (256
+    # against 461 at r 0.6), never later at any r, for the same decoder work.
+    # Its price: a window cut 3,584 samples past its last emitted sample is
+    # -42.2 dB off the full decode there (``chunking.BOUNDARY_ERROR_DB``); after
+    # the crossfade the first segment's seams past its first (approximate by
+    # design, -12 to -15 dB) were -46.6 to -53.1 dB re RMS on the real 24 kHz
+    # shape with random weights, against -110 dB exact (2 x 24 frames,
+    # ``tools.measure.snac.seam_report``), inside issue 24's -40 dB. Later
+    # segments stay exact.
+    first_segment_lookahead_samples: int = 3584
     crossfade_samples: int = 256
     max_batch: int = 64  # windows per decoder call
     max_batch_frames: int = 512  # frames per call, padding included (see batcher)
@@ -84,7 +99,8 @@ class VocoderConfig:
     # or "auto" (the kernels on CUDA with Triton, not with compile; the layers
     # elsewhere). On an H100, SNAC alone, the kernels' float32 decode equals the
     # layers' bit for bit and takes 48 against 79 ms for 64 windows of 22 frames
-    # (bench/results/h100-2026-12-06-s24); through the server: not yet measured.
+    # (bench/results/h100-2026-12-06-s24); through the server vLLM made 16.8-17.6k
+    # tokens/s at 256 streams on an H100, 9.2-10.2k before (h100-2026-12-07-s26).
     snake_conv: str = "auto"
     # CUDA: the batched calls on a stream of their own (the first lane has its
     # own already); for a vLLM engine in the same process, whose default-stream
@@ -108,7 +124,10 @@ class VocoderConfig:
             raise ValueError("first_max_chunk_frames must be >= 0 (0: max_chunk_frames)")
         if self.first_growth != 0 and not self.first_growth >= 1:
             raise ValueError("first_growth must be >= 1 (0: growth)")
-        self.chunk_config(2048)  # validates the chunking fields
+        if self.first_segment_lookahead_samples < 0:
+            raise ValueError("first_segment_lookahead_samples must be >= 0 "
+                             "(0: lookahead_samples)")
+        self.first_chunk_config(2048)  # validates the chunking fields (both plans)
 
     def chunk_config(self, samples_per_frame: int) -> ChunkConfig:
         return ChunkConfig(samples_per_frame=samples_per_frame, first_frames=self.first_frames,
@@ -120,10 +139,13 @@ class VocoderConfig:
 
     def first_chunk_config(self, samples_per_frame: int) -> ChunkConfig:
         """``chunk_config`` for a context's first segment (``first_max_chunk_frames``,
-        ``first_growth``)."""
+        ``first_growth``, ``first_segment_lookahead_samples``)."""
         config = self.chunk_config(samples_per_frame)
         if self.first_growth > 0:
             config = dataclasses.replace(config, growth=self.first_growth)
+        if self.first_segment_lookahead_samples > 0:
+            config = dataclasses.replace(
+                config, lookahead_samples=self.first_segment_lookahead_samples)
         if self.first_max_chunk_frames <= 0:
             return config
         return dataclasses.replace(config, max_chunk_frames=min(

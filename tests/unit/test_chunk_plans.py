@@ -40,11 +40,13 @@ def test_the_first_segments_growth_starts_the_listener_sooner_for_the_same_work(
     default, 0: ``growth``), both capped at ``first_max_chunk_frames``: never a
     later first hearing at any r, a sooner one at r 0.6, and no more decoder
     work over a 24-frame segment (by the model; see ``VocoderConfig``)."""
-    config = VocoderConfig(first_growth=1.5)
+    exact = 0  # first_segment_lookahead_samples: both at the exact lookahead
+    config = VocoderConfig(first_growth=1.5, first_segment_lookahead_samples=exact)
     first = config.first_chunk_config(ot.SAMPLES_PER_FRAME)
     assert first.growth == 1.5
     assert first.max_chunk_frames == config.first_max_chunk_frames
-    doubling = VocoderConfig().first_chunk_config(ot.SAMPLES_PER_FRAME)
+    doubling = VocoderConfig(first_segment_lookahead_samples=exact).first_chunk_config(
+        ot.SAMPLES_PER_FRAME)
     assert doubling.growth == VocoderConfig().growth == 2.0
     heard = {}
     for name, plan_config in (("first", first), ("doubling", doubling)):
@@ -55,3 +57,27 @@ def test_the_first_segments_growth_starts_the_listener_sooner_for_the_same_work(
     assert heard["first"][2] < 0.7 * heard["doubling"][2]  # r 0.6
     assert decoded_per_frame(first, 24) <= decoded_per_frame(doubling, 24) + 1e-9
     assert VocoderConfig(first_growth=0).first_chunk_config(ot.SAMPLES_PER_FRAME).growth == 2.0
+
+
+def test_the_first_segments_shorter_lookahead_starts_the_listener_sooner() -> None:
+    """A context's first segment with ``first_segment_lookahead_samples`` (the
+    default, 3,584) against the exact lookahead: never a later first hearing at
+    any r, a sooner one at r 0.55-0.65, and the same decoder work over a
+    24-frame segment (by the model; see ``VocoderConfig``)."""
+    short = VocoderConfig().first_chunk_config(ot.SAMPLES_PER_FRAME)
+    exact = VocoderConfig(first_segment_lookahead_samples=0).first_chunk_config(
+        ot.SAMPLES_PER_FRAME)
+    assert short.lookahead_samples == VocoderConfig().first_segment_lookahead_samples
+    assert exact.lookahead_samples == VocoderConfig().lookahead_samples
+    assert VocoderConfig().chunk_config(ot.SAMPLES_PER_FRAME).lookahead_samples == (
+        exact.lookahead_samples)  # later segments stay exact
+    rtfs = [r / 20 for r in range(2, 40)]
+    heard = {}
+    for name, plan_config in (("short", short), ("exact", exact)):
+        plan, cost = chunk_timing(plan_config, ot.SAMPLE_RATE, FRAME_MS)
+        heard[name] = {r: first_heard_ms(r, list(plan), 40.0, cost_ms=list(cost))
+                       for r in rtfs}
+    assert all(heard["short"][r] <= heard["exact"][r] + 1e-9 for r in rtfs)
+    for r in (0.55, 0.6, 0.65):
+        assert heard["short"][r] < 0.7 * heard["exact"][r]
+    assert decoded_per_frame(short, 24) == decoded_per_frame(exact, 24)

@@ -216,6 +216,13 @@ def test_real_shape_seams_float32() -> None:
     assert report.worst_db < EXACT_DB
     report = _real_shape_seams("float32", 60, ChunkConfig())
     assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < EXACT_DB
+    # a context's first segment: its seams past the first cut 3,584 samples short
+    # of exact (``VocoderConfig.first_segment_lookahead_samples``), inside -40 dB
+    first = VocoderConfig().first_chunk_config(F)
+    assert first.lookahead_samples < SNAC24_EXACT_SUPPORT
+    report = _real_shape_seams("float32", 24, first)
+    assert len(report.seam_db) >= 3 and report.seam_db[0] < -10.0
+    assert EXACT_DB < max(report.seam_db[1:]) < -40.0
 
 
 @pytest.mark.slow
@@ -323,8 +330,10 @@ def test_vocoder_config_defaults_are_the_chunk_defaults() -> None:
         VocoderConfig(dtype="half")
     with pytest.raises(ValueError, match="first_max_chunk_frames"):
         VocoderConfig(first_max_chunk_frames=-1)
-    assert VocoderConfig(first_max_chunk_frames=0,
-                         first_growth=0).first_chunk_config(F) == ChunkConfig()
+    assert VocoderConfig(first_max_chunk_frames=0, first_growth=0,
+                         first_segment_lookahead_samples=0).first_chunk_config(F) == ChunkConfig()
+    with pytest.raises(ValueError, match="first_segment_lookahead_samples"):
+        VocoderConfig(first_segment_lookahead_samples=-1)
     with pytest.raises(ValueError, match="first_growth"):
         VocoderConfig(first_growth=0.5)
 
