@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
 from rtserver.vocoder.graph_buckets import BATCH_COUNTS
@@ -56,10 +56,10 @@ class VocoderConfig:
     # Its price: a window cut 3,584 samples past its last emitted sample is
     # -42.2 dB off the full decode there (``chunking.BOUNDARY_ERROR_DB``); after
     # the crossfade the first segment's seams past its first (approximate by
-    # design, -12 to -15 dB) were -46.6 to -53.1 dB re RMS on the real 24 kHz
-    # shape with random weights, against -110 dB exact (2 x 24 frames,
-    # ``tools.measure.snac.seam_report``), inside issue 24's -40 dB. Later
-    # segments stay exact.
+    # design, -12.4 dB) were -46.6 dB re RMS at worst on the real 24 kHz shape
+    # with random weights, against -111 dB exact (``python -m
+    # rtserver.tools.measure.snac seams --frames 24``, row ``first-segment``),
+    # inside issue 24's -40 dB. Later segments stay exact.
     first_segment_lookahead_samples: int = 3584
     crossfade_samples: int = 256
     max_batch: int = 64  # windows per decoder call
@@ -140,16 +140,15 @@ class VocoderConfig:
     def first_chunk_config(self, samples_per_frame: int) -> ChunkConfig:
         """``chunk_config`` for a context's first segment (``first_max_chunk_frames``,
         ``first_growth``, ``first_segment_lookahead_samples``)."""
-        config = self.chunk_config(samples_per_frame)
+        changes: dict[str, Any] = {}
         if self.first_growth > 0:
-            config = dataclasses.replace(config, growth=self.first_growth)
+            changes["growth"] = self.first_growth
         if self.first_segment_lookahead_samples > 0:
-            config = dataclasses.replace(
-                config, lookahead_samples=self.first_segment_lookahead_samples)
-        if self.first_max_chunk_frames <= 0:
-            return config
-        return dataclasses.replace(config, max_chunk_frames=min(
-            self.max_chunk_frames, max(self.first_frames, self.first_max_chunk_frames)))
+            changes["lookahead_samples"] = self.first_segment_lookahead_samples
+        if self.first_max_chunk_frames > 0:
+            changes["max_chunk_frames"] = min(
+                self.max_chunk_frames, max(self.first_frames, self.first_max_chunk_frames))
+        return dataclasses.replace(self.chunk_config(samples_per_frame), **changes)
 
     def batcher_config(self, device: str) -> BatcherConfig:
         from rtserver.vocoder.batcher import device_batcher_config

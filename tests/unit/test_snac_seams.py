@@ -17,13 +17,7 @@ import torch
 from snac.layers import NoiseBlock
 
 from rtserver.tools.layouts.snac import write_tiny_snac
-from rtserver.tools.measure.snac import (
-    SeamReport,
-    decode_chunked,
-    measure_reach,
-    random_codes,
-    seam_report,
-)
+from rtserver.tools.measure.snac import decode_chunked, measure_reach, random_codes, seam_report
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher, group_windows
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
 from rtserver.voices.orpheus.snac_model import (
@@ -202,9 +196,8 @@ def test_crossfade_softens_the_approximate_seam(decoder: SnacDecoder, codes: np.
     assert faded.seam_db[0] < hard.seam_db[0] - 3.0
 
 
-def _real_shape_seams(dtype: str, frames: int, config: ChunkConfig) -> SeamReport:
-    real = SnacDecoder(build_snac(SNAC24_CONFIG, seed=0), dtype=dtype)
-    return seam_report(real, random_codes(frames, seed=1), config)
+def _real_decoder(dtype: str) -> SnacDecoder:
+    return SnacDecoder(build_snac(SNAC24_CONFIG, seed=0), dtype=dtype)
 
 
 EXACT_PLAN = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SUPPORT)
@@ -212,15 +205,16 @@ EXACT_PLAN = ChunkConfig(first_frames=3, first_lookahead_samples=SNAC24_EXACT_SU
 
 @pytest.mark.slow
 def test_real_shape_seams_float32() -> None:
-    report = _real_shape_seams("float32", 60, EXACT_PLAN)
+    real, codes = _real_decoder("float32"), random_codes(60, seed=1)
+    report = seam_report(real, codes, EXACT_PLAN)
     assert report.worst_db < EXACT_DB
-    report = _real_shape_seams("float32", 60, ChunkConfig())
+    report = seam_report(real, codes, ChunkConfig())
     assert report.seam_db[0] < -10.0 and max(report.seam_db[1:]) < EXACT_DB
     # a context's first segment: its seams past the first cut 3,584 samples short
     # of exact (``VocoderConfig.first_segment_lookahead_samples``), inside -40 dB
     first = VocoderConfig().first_chunk_config(F)
     assert first.lookahead_samples < SNAC24_EXACT_SUPPORT
-    report = _real_shape_seams("float32", 24, first)
+    report = seam_report(real, codes[:24], first)
     assert len(report.seam_db) >= 3 and report.seam_db[0] < -10.0
     assert EXACT_DB < max(report.seam_db[1:]) < -40.0
 
@@ -234,7 +228,7 @@ def test_real_shape_exact_seams_bfloat16() -> None:
     # seam is the plan's, checked in float32 above.
     # float16 convolutions are minutes on a CPU: measured instead, 30 frames,
     # exact seams -44.7 dB at worst (measure seams --shape 24khz --dtype float16)
-    report = _real_shape_seams("bfloat16", 30, EXACT_PLAN)
+    report = seam_report(_real_decoder("bfloat16"), random_codes(30, seed=1), EXACT_PLAN)
     assert len(report.seam_db) >= 3 and report.worst_db < DTYPE_FLOOR_DB["bfloat16"]
 
 

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from rtserver.vocoder.batcher import WindowDecoder
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
-from rtserver.vocoder.config import SNAKE_CONVS
+from rtserver.vocoder.config import SNAKE_CONVS, VocoderConfig
 from rtserver.voices.orpheus.snac_model import (
     DTYPES,
     SNAC24_CONFIG,
@@ -289,6 +289,9 @@ SCHEDULES: dict[str, ChunkConfig] = {
     "first4-g1.5": ChunkConfig(first_frames=4, growth=1.5, first_lookahead_samples=3584),
     "la2048": ChunkConfig(lookahead_samples=2048),
     "la3584": ChunkConfig(lookahead_samples=3584),
+    # the server's plan for a context's first segment (first_max_chunk_frames,
+    # first_segment_lookahead_samples)
+    "first-segment": VocoderConfig().first_chunk_config(2048),
 }
 
 
@@ -334,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, cfg in SCHEDULES.items():
             sr = seam_report(dec, codes, cfg)
             later = max(sr.seam_db[1:], default=-math.inf)
-            print(f"{name:12s} worst {sr.worst_db:7.1f} dB (first seam {sr.seam_db[0]:7.1f}, "
+            print(f"{name:13s} worst {sr.worst_db:7.1f} dB (first seam {sr.seam_db[0]:7.1f}, "
                   f"later {later:7.1f})  first chunk {sr.first_chunk_samples} samples, "
                   f"{len(sr.seam_db)} seams, {sr.total_samples} samples")
     else:
