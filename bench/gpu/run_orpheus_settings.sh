@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Orpheus A/Bs of settings in one call, each run a fresh GPU worker and 4 front ends
+# (run_orpheus_snake.sh with SKIP_SNAC=1), one results folder a run under $OUT. On a machine
+# that has the vLLM set in /tmp/site (the last part's call installed it). RUNS: one run a
+# line, "name|VAR=value VAR=value" (empty after |: the tree's defaults); interleave the
+# settings and repeat them: at the edge of capacity one run's underruns move by about half
+# (bench/results/h100-2026-12-07-s26). A run starts only while RUN_S seconds are left.
+#   RUNS=$'d1|\np1|RTSERVER_ORPHEUS_VOCODER_MAX_PAD_FRACTION=0.5\nd2|' LEVELS=192,256 \
+#     T_START=$(date +%s) LIMIT=580 OUT=$OUT bash bench/gpu/run_orpheus_settings.sh
+# ENGINE_LEVELS (e.g. 128,192,256): first vLLM alone at those rows (tools.bench.gpu_orpheus,
+# random weights of the 3B shape; ENGINE_ARGS, default "--mode load": steady tokens/s with
+# N-1 rows decoding), in $OUT/engine.json.
+T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
+left() { echo $(( ${LIMIT:-580} - ($(date +%s) - T0) )); }
+export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
+if [ -n "${ENGINE_LEVELS:-}" ]; then
+  timeout $(( $(left) - ${RUN_S:-150} )) python3 -m rtserver.tools.bench.gpu_orpheus \
+    --dummy-weights --shape 3b ${ENGINE_ARGS:---mode load} --levels "$ENGINE_LEVELS" \
+    --out $OUT/engine.json > $OUT/engine.log 2>&1
+  tail -12 $OUT/engine.log; echo "engine alone done ($(( $(date +%s) - T0 )) s)"
+fi
+while IFS='|' read -r NAME SETTINGS; do
+  [ -z "$NAME" ] && continue
+  [ "$(left)" -lt "${RUN_S:-150}" ] && { echo "no time left for $NAME"; break; }
+  mkdir -p $OUT/$NAME; rm -rf /tmp/fe; echo "$SETTINGS" > $OUT/$NAME/settings.txt
+  echo "== $NAME: ${SETTINGS:-defaults} ($(left) s left)"
+  env $SETTINGS T_START=$(date +%s) OUT=$OUT/$NAME LIMIT=$(( $(left) - 10 )) SKIP_SNAC=1 \
+    SINGLE_S=${SINGLE_S:-0} BURST=${BURST:-0} LEVELS=${LEVELS:-192,256} \
+    bash bench/gpu/run_orpheus_snake.sh 2>&1 | grep -E '^\| [0-9]|done|Error|error' | tail -12
+done <<< "${RUNS:?RUNS: name|settings lines}"
+echo "all done ($(( $(date +%s) - T0 )) s)"
