@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Orpheus A/Bs of settings in one call, each run a fresh GPU worker and 4 front ends
-# (run_orpheus_snake.sh with SKIP_SNAC=1), one results folder a run under $OUT. On a machine
-# that has the vLLM set in /tmp/site (the last part's call installed it). RUNS: one run a
-# line, "name|VAR=value VAR=value" (empty after |: the tree's defaults); interleave the
+# (run_orpheus_snake.sh with SKIP_SNAC=1), one results folder a run under $OUT; in the call
+# after the eight vLLM parts (run_orpheus_worker.sh's header), or on a machine that has the
+# vLLM set in /tmp/site already. RUNS: one run a
+# line, "name|VAR=value VAR=value" (empty after |: the tree's defaults; LEVELS, SINGLE_S or
+# BURST there override the call's for that run); interleave the
 # settings and repeat them: at the edge of capacity one run's underruns move by about half
 # (bench/results/h100-2026-12-07-s26). A run starts only while RUN_S seconds are left.
 #   RUNS=$'d1|\np1|RTSERVER_ORPHEUS_VOCODER_MAX_PAD_FRACTION=0.5\nd2|' LEVELS=192,256 \
@@ -12,6 +14,7 @@
 # N-1 rows decoding), in $OUT/engine.json.
 T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
 left() { echo $(( ${LIMIT:-580} - ($(date +%s) - T0) )); }
+[ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 if [ -n "${ENGINE_LEVELS:-}" ]; then
@@ -25,8 +28,8 @@ while IFS='|' read -r NAME SETTINGS; do
   [ "$(left)" -lt "${RUN_S:-150}" ] && { echo "no time left for $NAME"; break; }
   mkdir -p $OUT/$NAME; rm -rf /tmp/fe; echo "$SETTINGS" > $OUT/$NAME/settings.txt
   echo "== $NAME: ${SETTINGS:-defaults} ($(left) s left)"
-  env $SETTINGS T_START=$(date +%s) OUT=$OUT/$NAME LIMIT=$(( $(left) - 10 )) SKIP_SNAC=1 \
-    SINGLE_S=${SINGLE_S:-0} BURST=${BURST:-0} LEVELS=${LEVELS:-192,256} \
+  env T_START=$(date +%s) OUT=$OUT/$NAME LIMIT=$(( $(left) - 10 )) SKIP_SNAC=1 \
+    SINGLE_S=${SINGLE_S:-0} BURST=${BURST:-0} LEVELS=${LEVELS:-192,256} $SETTINGS \
     bash bench/gpu/run_orpheus_snake.sh 2>&1 | grep -E '^\| [0-9]|done|Error|error' | tail -12
 done <<< "${RUNS:?RUNS: name|settings lines}"
 echo "all done ($(( $(date +%s) - T0 )) s)"
