@@ -289,6 +289,9 @@ SCHEDULES: dict[str, ChunkConfig] = {
     "first4-g1.5": ChunkConfig(first_frames=4, growth=1.5, first_lookahead_samples=3584),
     "la2048": ChunkConfig(lookahead_samples=2048),
     "la3584": ChunkConfig(lookahead_samples=3584),
+    # context and lookahead both 3,584: a steady 16-frame chunk's window is 20
+    # frames (a graph bucket) instead of 21 (run on the 24-frame graph)
+    "cx3584": ChunkConfig(context_samples=3584, lookahead_samples=3584),
     # the server's plan for a context's first segment (first_max_chunk_frames,
     # first_segment_lookahead_samples)
     "first-segment": VocoderConfig().first_chunk_config(2048),
