@@ -11,7 +11,7 @@
 #     T_START=$(date +%s) LIMIT=580 OUT=$OUT bash bench/gpu/run_orpheus_settings.sh
 # ENGINE_LEVELS (e.g. 128,192,256): first vLLM alone at those rows (tools.bench.gpu_orpheus,
 # random weights of the 3B shape; ENGINE_ARGS, default "--mode load": steady tokens/s with
-# N-1 rows decoding), in $OUT/engine.json.
+# N-1 rows decoding), in $OUT/engine.json. Each run's files come back as $OUT/NAME.tgz.
 T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
 left() { echo $(( ${LIMIT:-580} - ($(date +%s) - T0) )); }
 [ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
@@ -31,5 +31,7 @@ while IFS='|' read -r NAME SETTINGS; do
   env T_START=$(date +%s) OUT=$OUT/$NAME LIMIT=$(( $(left) - 10 )) SKIP_SNAC=1 \
     SINGLE_S=${SINGLE_S:-0} BURST=${BURST:-0} LEVELS=${LEVELS:-192,256} $SETTINGS \
     bash bench/gpu/run_orpheus_snake.sh 2>&1 | grep -E '^\| [0-9]|done|Error|error' | tail -12
+  # one file a run: a call brings back at most 8 files (the device's README)
+  tar czf $OUT/$NAME.tgz -C $OUT $NAME && rm -rf $OUT/$NAME
 done <<< "${RUNS:?RUNS: name|settings lines}"
 echo "all done ($(( $(date +%s) - T0 )) s)"
