@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 # How a SNAC decoder runs Snake activations and depthwise convolutions
 # (``VocoderConfig.snake_conv``, ``voices.orpheus.snac_model.SnacDecoder``).
 SNAKE_CONVS = ("auto", "torch", "triton")
+# The decoder's dtypes (``VocoderConfig.dtype``; "auto": ``voices.orpheus.snac_precision``).
+VOCODER_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +87,14 @@ class VocoderConfig:
     # 50 for powers of two (one shared memory pool a lane). Empty: powers of two.
     graph_batch_buckets: tuple[int, ...] = BATCH_COUNTS
     dummy_seed: int = 0  # --dummy-weights: seed of the random weights
-    # The decoder's dtype, eager and in graphs: "float32", "bfloat16" or
-    # "float16" (cheaper per stream-second on a GPU; their seam and full-decode
-    # error: snac_model).
-    dtype: str = "float32"
+    # The decoder's dtype, eager and in graphs: "float32", "bfloat16", "float16"
+    # (their seam and full-decode error: snac_model) or "auto": float16 on CUDA
+    # when this checkpoint's float16 decode is within -40 dB of its float32 one
+    # at start, else float32 (voices.orpheus.snac_precision). On one H100 at 256
+    # Orpheus streams float16 took 0.60 instead of 0.77-0.80 s of decode a second,
+    # and 0 of ~375 contexts underran at 192 against 9 and 25 with float32
+    # (bench/results/h100-2026-12-07-s27).
+    dtype: str = "auto"
     # The decode through torch.compile (fused pointwise work, depthwise
     # convolutions as fused shifted sums; graphs captured over it): a start-up
     # compile for less GPU time per window. Off: on an H100 the compiled SNAC's
@@ -115,8 +121,8 @@ class VocoderConfig:
                              f"{self.snake_conv!r}")
         if self.snake_conv == "triton" and self.compile:
             raise ValueError("snake_conv 'triton' and compile exclude each other")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', not "
+        if self.dtype not in VOCODER_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(VOCODER_DTYPES)}, not "
                              f"{self.dtype!r}")
         if any(b < 1 for b in self.graph_batch_buckets):
             raise ValueError(f"graph_batch_buckets must be >= 1, not {self.graph_batch_buckets}")

@@ -35,6 +35,7 @@ from typing import Any
 
 from rtserver.tools.bench.machine import describe
 from rtserver.tools.bench.stats import summarize
+from rtserver.vocoder.config import VOCODER_DTYPES
 
 PROMPT_TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
 
@@ -72,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--quantization", default="",
                    help="[orpheus] quantization: '' (bf16 / the checkpoint's), fp8, awq, ...")
-    p.add_argument("--vocoder-dtype", choices=["float32", "bfloat16", "float16"],
-                   default="float32")
+    p.add_argument("--vocoder-dtype", choices=list(VOCODER_DTYPES), default="auto")
     p.add_argument("--declare-quantization", choices=["", "gptq", "awq"], default="",
                    help="with --dummy-weights and no --model-dir: the random layout declares "
                         "a 4-bit checkpoint of this method (its kernels' speed, random weights)")

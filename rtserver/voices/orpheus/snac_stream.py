@@ -37,6 +37,7 @@ from rtserver.voices.orpheus.snac_model import (
     build_snac,
     load_snac_dir,
 )
+from rtserver.voices.orpheus.snac_precision import half_error_db, resolve_dtype
 
 
 class SnacVocoder(BatchedVocoder[CodeWindow]):
@@ -66,13 +67,17 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
             raise ValueError("a SNAC folder is needed unless dummy=True")
         else:
             model = load_snac_dir(snac_dir)
-        decoder = SnacDecoder(model, device=device, noise=cast(NoiseMode, config.noise),
+        noise = cast(NoiseMode, config.noise)
+        dtype, _ = resolve_dtype(config.dtype, device, lambda: half_error_db(
+            model, device=device, noise=noise, noise_seed=config.noise_seed,
+            snake_conv=config.snake_conv))
+        decoder = SnacDecoder(model, device=device, noise=noise,
                               noise_seed=config.noise_seed, cuda_graphs=config.cuda_graphs,
                               graph_max_batch=config.max_batch,
                               graph_max_frames=config.graph_max_frames,
                               graph_max_cells=config.graph_max_cells,
                               graph_batch_buckets=config.graph_batch_buckets,
-                              dtype=config.dtype,
+                              dtype=dtype,
                               compile=config.compile, main_stream=config.main_stream,
                               snake_conv=config.snake_conv)
         return cls(decoder, config, device)
