@@ -41,7 +41,11 @@ def test_collections_are_timed_per_generation_and_shown() -> None:
 def test_the_frozen_heap_is_left_out_of_collections() -> None:
     try:
         frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # a frozen object that dies leaves the permanent generation, and threads
+        # earlier tests left running may free some between the two reads (a
+        # fresh clone's CI: 860,143 frozen, 860,134 a moment later); nothing but
+        # a freeze adds to it
+        assert 0 < gc.get_freeze_count() <= frozen
         # what start-up made is no longer in any generation a collection walks
         assert len(gc.get_objects()) < frozen
     finally:
