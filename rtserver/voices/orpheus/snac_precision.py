@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 HALF_BOUND_DB = -40.0  # issue 24: a cheaper vocoder's error stays at or below -40 dB
 CHECK_WINDOWS = 4
-CHECK_FRAMES = 24  # a steady window's length, 16 frames with context and lookahead
+CHECK_FRAMES = 24  # the longest window the graphs take (graph_max_frames; steady ones: 21)
 CHECK_SEED = 0
 
 
