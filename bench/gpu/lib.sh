@@ -30,6 +30,11 @@ jit_save() {
   ls -la "$1"/jit-*.tgz 2>/dev/null
   return 0
 }
+# vllm_wheels: the vLLM set into /tmp/site in the call the last of its eight parts arrives
+# (.gpu/vllm/recv.sh 7), unless a call before installed it.
+vllm_wheels() {
+  [ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
+}
 # server_wheels SRV: the server's staged wheels (SRV: a stage.sh folder, part 0) into /tmp/site,
 # unless a wheel set with the server's stack is there already (e.g. the Orpheus runs' vLLM
 # set); then any carried .gpu/extra/*.whl, once a machine, keeping py-spy (pip --target

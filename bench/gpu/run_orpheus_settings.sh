@@ -14,7 +14,7 @@
 # N-1 rows decoding), in $OUT/engine.json. Each run's files come back as $OUT/NAME.tgz.
 T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
 left() { echo $(( ${LIMIT:-580} - ($(date +%s) - T0) )); }
-[ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
+. bench/gpu/lib.sh; vllm_wheels
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 if [ -n "${ENGINE_LEVELS:-}" ]; then

@@ -11,10 +11,10 @@
 # Then the baseline in the next call on the same machine, e.g.
 #   SKIP_SNAC=1 SNAKE=torch LEVELS=128,192,256 BURST=0 OUT=$OUT bash bench/gpu/run_orpheus_snake.sh
 T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
-[ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
+. bench/gpu/lib.sh; vllm_wheels
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 if [ "${SKIP_SNAC:-0}" != 1 ]; then
-  . bench/gpu/lib.sh; snac_alone $OUT $T0
+  snac_alone $OUT $T0
 fi
 RTSERVER_ORPHEUS_VOCODER_SNAKE_CONV=${SNAKE:-triton} OUT=$OUT \
   LIMIT=$(( ${LIMIT:-570} - ($(date +%s) - T0) )) LEVELS=${LEVELS:-1,128,192,256} \

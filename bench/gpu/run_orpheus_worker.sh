@@ -4,10 +4,9 @@
 # Orpheus through ONE GPU worker + 4 front ends (issue 24). After the 8 vLLM parts arrived.
 T0=$(date +%s)
 # a machine that has the vLLM set in /tmp/site already (the last part's call installed it) skips it
-[ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
+. bench/gpu/lib.sh; vllm_wheels
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 # MPS=1: the worker and vLLM's EngineCore under NVIDIA's Multi-Process Service (lib.sh mps_start)
-. bench/gpu/lib.sh
 [ "${MPS:-0}" = 1 ] && { mps_start /tmp/mps && echo "mps: on" > $OUT/mps.txt || echo "mps: could not start" > $OUT/mps.txt; }
 CK=/tmp/rnd3b
 python3 -m rtserver.voices.orpheus.layout $CK --shape 3b --weights audio-biased | tail -1

@@ -35,6 +35,7 @@ from rtserver.voices.orpheus.snac_model import (
     SnacDecoder,
     build_snac,
 )
+from rtserver.voices.orpheus.snac_precision import max_error_db
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -194,10 +195,8 @@ def full_decode_error_db(decoder: SnacDecoder, reference: SnacDecoder,
                          codes: npt.NDArray[Any]) -> float:
     """Max |decoder - reference| over one full decode of ``codes``, dB re the
     reference's RMS (e.g. a bfloat16 decoder against the float32 one)."""
-    got = decoder.decode([CodeWindow(codes, 0)])[0].astype(np.float64)
-    ref = reference.decode([CodeWindow(codes, 0)])[0].astype(np.float64)
-    rms = float(np.sqrt(np.mean(ref ** 2)))
-    return 20 * math.log10(max(float(np.abs(got - ref).max()), 1e-12) / rms)
+    return max_error_db(decoder.decode([CodeWindow(codes, 0)])[0],
+                        reference.decode([CodeWindow(codes, 0)])[0])
 
 
 def _decoder(shape: str, device: str = "cpu", graphs: bool = False,
