@@ -81,3 +81,16 @@ def test_the_first_segments_shorter_lookahead_starts_the_listener_sooner() -> No
     for r in (0.55, 0.6, 0.65):
         assert heard["short"][r] < 0.7 * heard["exact"][r]
     assert decoded_per_frame(short, 24) == decoded_per_frame(exact, 24)
+
+
+def test_the_first_segment_rows_are_the_servers_first_plan() -> None:
+    """``--first-segment``: the default row is a context's first segment's plan
+    as the server makes it (``first_chunk_config``), not a later segment's."""
+    config = VocoderConfig(first_growth=1.25)
+    first = config.first_chunk_config(ot.SAMPLES_PER_FRAME)
+    plan, cost = chunk_timing(first, ot.SAMPLE_RATE, FRAME_MS)
+    row = rows([0.7], [config.first_max_chunk_frames], 1.25, [24], 40.0, first_segment=True)[0]
+    assert row["heard_0.7"] == first_heard_ms(0.7, list(plan), 40.0, cost_ms=list(cost))
+    assert row["decoded_per_frame_24"] == decoded_per_frame(first, 24)
+    later = rows([0.7], [config.first_max_chunk_frames], 1.25, [24], 40.0)[0]
+    assert later["heard_0.7"] != row["heard_0.7"]  # the later plan waits the exact lookahead

@@ -2,6 +2,7 @@
 
     python -m rtserver.tools.measure.chunk_plans [--rtf 0.3 0.5 0.72 0.85 0.95]
         [--max-chunk-frames 16 8 4 2] [--growth 2.0] [--segment-frames 24 60]
+        [--first-segment]
 
 For each chunk ceiling (``[orpheus.vocoder] max_chunk_frames``; SNAC 24 kHz
 frames of 85.3 ms) and each real-time factor r of generation: the first
@@ -11,9 +12,11 @@ they wait for are generated at r, the hint is the audio that keeps every later
 chunk in time), and the frames the decoder computes per frame of audio over a
 segment of ``--segment-frames`` frames (each window decodes its left context
 and its lookahead besides its own frames: the vocoder's GPU time grows with
-it). No model runs: this is the arithmetic of the plan, exact for the plan;
-the decoder's GPU time per frame is the GPU's measurement
-(``measure.snac timing``).
+it). ``--first-segment``: a context's first segment's plan instead
+(``first_chunk_config``: the ceiling is ``first_max_chunk_frames``, the growth
+``first_growth``, and its own lookahead). No model runs: this is the arithmetic
+of the plan, exact for the plan; the decoder's GPU time per frame is the GPU's
+measurement (``measure.snac timing``).
 """
 
 from __future__ import annotations
@@ -43,12 +46,23 @@ def decoded_per_frame(chunking: ChunkConfig, frames: int) -> float:
     return sum(j.end_frame - j.start_frame for j in jobs) / frames
 
 
+def plan_config(ceiling: int, growth: float, first_segment: bool) -> ChunkConfig:
+    """The server's chunking with this ceiling and growth: a later segment's
+    plan, or with ``first_segment`` a context's first segment's."""
+    if first_segment:
+        return VocoderConfig(first_max_chunk_frames=ceiling, first_growth=growth,
+                             max_chunk_frames=max(ceiling, VocoderConfig().max_chunk_frames)
+                             ).first_chunk_config(ot.SAMPLES_PER_FRAME)
+    return VocoderConfig(growth=growth, max_chunk_frames=ceiling).chunk_config(
+        ot.SAMPLES_PER_FRAME)
+
+
 def rows(rtfs: Sequence[float], ceilings: Sequence[int], growth: float,
-         segment_frames: Sequence[int], jitter_ms: float) -> list[dict[str, float]]:
+         segment_frames: Sequence[int], jitter_ms: float, *, first_segment: bool = False
+         ) -> list[dict[str, float]]:
     out = []
     for ceiling in ceilings:
-        chunking = VocoderConfig(growth=growth, max_chunk_frames=ceiling).chunk_config(
-            ot.SAMPLES_PER_FRAME)
+        chunking = plan_config(ceiling, growth, first_segment)
         plan, cost = chunk_timing(chunking, ot.SAMPLE_RATE, FRAME_MS)
         row: dict[str, float] = {"max_chunk_frames": ceiling}
         for frames in segment_frames:
@@ -67,12 +81,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--growth", type=float, default=VocoderConfig().growth)
     p.add_argument("--segment-frames", type=int, nargs="+", default=[24, 60])
     p.add_argument("--jitter-ms", type=float, default=HintConfig().jitter_ms)
+    p.add_argument("--first-segment", action="store_true",
+                   help="a context's first segment's plan (first_chunk_config)")
     a = p.parse_args(argv)
-    table = rows(a.rtf, a.max_chunk_frames, a.growth, a.segment_frames, a.jitter_ms)
+    table = rows(a.rtf, a.max_chunk_frames, a.growth, a.segment_frames, a.jitter_ms,
+                 first_segment=a.first_segment)
     head = (["max chunk frames"]
             + [f"decoded / frame ({n} frames)" for n in a.segment_frames]
             + [f"hint / first heard ms at r {r}" for r in a.rtf])
-    print(f"SNAC 24 kHz chunk plans, growth {a.growth}, jitter {a.jitter_ms:g} ms "
+    which = "a context's first segment" if a.first_segment else "later segments"
+    print(f"SNAC 24 kHz chunk plans ({which}), growth {a.growth}, jitter {a.jitter_ms:g} ms "
           "(hint: prebuffer_ms of the first `buffer`; first heard: after the text that "
           "completes the first segment)\n")
     print("| " + " | ".join(head) + " |")
