@@ -29,6 +29,10 @@ from rtserver.voices.orpheus.voice import OrpheusConfig, OrpheusVoice, load_orph
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
+# Dummy weights never end speech, so a segment runs to its token budget: 24 frames
+# (169 tokens, ~2 s of audio) keep each test's generation short on 2 cores
+# (~25 ms a step) and still several chunks long.
+BUDGET = ot.TokenBudget(max_frames=24)
 LONG_TEXT = ("This sentence is long enough that its token budget runs to thousands of "
              "tokens, far more than the test lets it generate before it cancels. ") * 3
 
@@ -44,7 +48,7 @@ async def voice(tmp_path_factory: pytest.TempPathFactory,
     snac = write_tiny_snac(root / "snac", seed=0)
     cfg = OrpheusConfig(model_dir=str(model), snac_dir=str(snac), dummy_weights=True,
                         device="cpu", enforce_eager=True, max_model_len=2048, max_num_seqs=8,
-                        engine_process=request.param)
+                        engine_process=request.param, budget=BUDGET)
     v = await load_orpheus_voice(cfg, "tara")
     await v.warm_up()
     yield v

@@ -36,7 +36,10 @@ def orpheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerT
         voice={"default": "orpheus:tara", "extra": "piper"},
         orpheus={"model_dir": str(model), "snac_dir": str(snac), "dummy_weights": True,
                  "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
-                 "max_num_seqs": 8},
+                 "max_num_seqs": 8,
+                 # dummy weights never end speech: each reply runs to its token budget,
+                 # 24 frames (169 tokens, ~2 s of audio) on 2 cores' ~25 ms a step
+                 "budget.max_frames": 24},
     ).start(timeout=600)
     yield srv
     srv.stop()
