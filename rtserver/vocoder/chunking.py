@@ -50,7 +50,7 @@ out so it cannot click.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -183,6 +183,10 @@ class ChunkPlanner:
         self.finished = False
 
     @property
+    def config(self) -> ChunkConfig:
+        return self._cfg
+
+    @property
     def frames(self) -> int:
         return self._frames
 
@@ -267,6 +271,25 @@ class ChunkPlanner:
         self._emitted = emit_end
         self._held = hold
         return job
+
+
+def held_start(config: ChunkConfig, seconds: float, frame_s: float) -> ChunkConfig:
+    """A later segment's plan when its listener can wait ``seconds`` for its
+    first audio (what it holds from earlier segments, less a margin): the first
+    decode waits for as many frames as generation at real time makes in that
+    time, up to ``max_chunk_frames``, and uses the exact lookahead, so the
+    segment starts without the plan's approximate first seam and with fewer,
+    larger windows (fewer frames decoded per frame: ``tools.measure.
+    chunk_plans``). ``config`` unchanged when that is too few frames for a
+    first chunk of at least one frame."""
+    f = config.samples_per_frame
+    margin = config.lookahead_samples + config.crossfade_samples
+    fewest = -(-margin // f) + 1  # the exact first chunk emits at least one frame
+    frames = min(config.max_chunk_frames, math.floor(seconds / frame_s)) if seconds > 0 else 0
+    if frames < max(fewest, config.first_frames + 1):
+        return config
+    return replace(config, first_frames=frames,
+                   first_lookahead_samples=config.lookahead_samples)
 
 
 def stream_plan(config: ChunkConfig, n_chunks: int) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
+from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig, held_start
 from rtserver.vocoder.graph_buckets import BATCH_COUNTS
 
 if TYPE_CHECKING:
@@ -64,6 +64,21 @@ class VocoderConfig:
     # inside issue 24's -40 dB. Later segments stay exact.
     first_segment_lookahead_samples: int = 3584
     crossfade_samples: int = 256
+    # A later segment whose listener holds audio from the segments before it
+    # (``open_stream(held_s=)``) starts with the chunk that audio leaves time for
+    # (``chunking.held_start``): its first decode waits for up to
+    # ``max_chunk_frames`` frames, as many as real-time generation makes in
+    # ``held_s`` less ``held_start_margin_s``, with the exact lookahead. The plan
+    # otherwise restarts every segment at 1 frame with the short lookahead (its
+    # approximate first seam, -12 dB re RMS before the crossfade) and grows from
+    # there: with 1.7 s held a 24-frame segment decodes 1.21 frames a frame in 2
+    # windows instead of 1.67 in 5, a 60-frame one 1.25 in 4 instead of 1.43 in 7
+    # (``python -m rtserver.tools.measure.chunk_plans --held-s 1.7``). The margin:
+    # the segment's first token (TTFA p50 at 256 Orpheus streams on an H100: ~100
+    # ms, bench/results/h100-2026-12-07-s27), the batcher's hold (40 ms), a decode,
+    # the hand-off and the listener's jitter (40 ms). False: every segment restarts.
+    held_start: bool = True
+    held_start_margin_s: float = 0.3
     max_batch: int = 64  # windows per decoder call
     max_batch_frames: int = 512  # frames per call, padding included (see batcher)
     max_pad_fraction: float = -1.0  # < 0: 0.25 on CPU, 4.0 on CUDA (launch-bound)
@@ -130,6 +145,8 @@ class VocoderConfig:
             raise ValueError("first_max_chunk_frames must be >= 0 (0: max_chunk_frames)")
         if self.first_growth != 0 and not self.first_growth >= 1:
             raise ValueError("first_growth must be >= 1 (0: growth)")
+        if self.held_start_margin_s < 0:
+            raise ValueError("held_start_margin_s must be >= 0")
         if self.first_segment_lookahead_samples < 0:
             raise ValueError("first_segment_lookahead_samples must be >= 0 "
                              "(0: lookahead_samples)")
@@ -142,6 +159,15 @@ class VocoderConfig:
                            first_lookahead_samples=self.first_lookahead_samples,
                            lookahead_samples=self.lookahead_samples,
                            crossfade_samples=self.crossfade_samples)
+
+    def segment_chunk_config(self, samples_per_frame: int, frame_s: float,
+                             held_s: float | None) -> ChunkConfig:
+        """``chunk_config`` for a later segment whose listener holds ``held_s``
+        of audio from the segments before it (``held_start``; None: unknown)."""
+        config = self.chunk_config(samples_per_frame)
+        if not self.held_start or held_s is None:
+            return config
+        return held_start(config, held_s - self.held_start_margin_s, frame_s)
 
     def first_chunk_config(self, samples_per_frame: int) -> ChunkConfig:
         """``chunk_config`` for a context's first segment (``first_max_chunk_frames``,

@@ -93,6 +93,11 @@ class PlannedStream(ABC, Generic[W]):
         self._held_until = None if held_s is None else batcher.clock() + max(0.0, held_s)
 
     @property
+    def chunking(self) -> ChunkConfig:
+        """The plan this segment's decodes follow."""
+        return self._planner.config
+
+    @property
     def frames(self) -> int:
         """Frames pushed so far."""
         return self._planner.frames

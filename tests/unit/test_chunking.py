@@ -13,6 +13,7 @@ from rtserver.vocoder.chunking import (
     DecodeJob,
     SeamJoiner,
     crossfade_windows,
+    held_start,
 )
 
 F = 2048
@@ -210,3 +211,33 @@ def test_misuse_is_rejected() -> None:
         joiner.join(jobs[1], signal(0, jobs[1].n_frames * F))  # out of order
     with pytest.raises(ValueError):
         joiner.join(jobs[0], np.zeros(10, np.float32))  # wrong length
+
+
+FRAME_S = F / 24_000  # SNAC 24 kHz: 85.3 ms a frame
+
+
+@pytest.mark.parametrize(("seconds", "frames"), [(0.5, 5), (0.9, 10), (1.2, 14), (1.4, 16),
+                                                 (30.0, 16)])
+def test_a_held_start_waits_for_the_frames_real_time_makes_in_the_time_held(
+        seconds: float, frames: int) -> None:
+    """A later segment whose listener can wait ``seconds``: its first decode
+    comes after the frames real-time generation makes in that time (at most
+    ``max_chunk_frames``), with the exact lookahead, so every sample it emits is
+    exact and the stream is still whole and in order."""
+    cfg = ChunkConfig()
+    held = held_start(cfg, seconds, FRAME_S)
+    assert held.first_frames == frames and held.max_chunk_frames == cfg.max_chunk_frames
+    jobs, chunks, seen = run(held, [1] * 60)
+    assert seen[0] == frames  # no audio before those frames
+    assert jobs[0].end_frame * F - jobs[0].emit_end - jobs[0].hold == cfg.lookahead_samples
+    check_geometry(held, jobs, seen)
+    np.testing.assert_allclose(np.concatenate(chunks), signal(0, 60 * F), atol=1e-6)
+    assert len(jobs) < len(run(cfg, [1] * 60)[0])  # fewer, larger decodes
+
+
+@pytest.mark.parametrize("seconds", [-1.0, 0.0, 0.2, 0.3])
+def test_too_little_held_keeps_the_plan(seconds: float) -> None:
+    """Under 4 frames' time (an exact first chunk of one frame needs 4: its
+    lookahead and crossfade take 2.45), the segment restarts as planned."""
+    cfg = ChunkConfig()
+    assert held_start(cfg, seconds, FRAME_S) == cfg

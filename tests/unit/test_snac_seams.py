@@ -383,6 +383,37 @@ async def test_a_first_segment_stream_caps_its_chunks_and_stays_exact(
     assert vocoder.first_chunking.max_chunk_frames == cap
 
 
+async def test_a_later_segment_with_audio_held_starts_exact_and_in_fewer_windows(
+        vocoder: SnacVocoder, decoder: SnacDecoder) -> None:
+    """A later segment whose listener holds 1.7 s (``open_stream(held_s=)``,
+    ``VocoderConfig.held_start``) waits for 16 frames, then emits every sample
+    equal to one full decode of the segment (no approximate first seam) in
+    fewer windows than a segment that restarts at 1 frame; a context's first
+    segment and a segment with nothing held keep their plans."""
+    frames = random_codes(40, seed=6)
+    full = decoder.decode([CodeWindow(frames, 0)])[0]
+    windows = {}
+    for held_s in (1.7, None):
+        stream = vocoder.open_stream(held_s=held_s)
+        before = vocoder.stats.windows
+        out, first_at = [], None
+        for i in range(len(frames)):
+            out += await stream.push(frames[i:i + 1])
+            first_at = i + 1 if first_at is None and out else first_at
+        out += await stream.finish()
+        windows[held_s] = vocoder.stats.windows - before
+        got = np.concatenate([c.samples for c in out])
+        error = np.abs(got - full).max() / np.sqrt(np.mean(full ** 2))
+        if held_s is not None:
+            assert first_at == 16
+            assert 20 * np.log10(max(error, 1e-12)) < EXACT_DB  # every seam exact
+        else:
+            assert first_at == 1
+            assert 20 * np.log10(error) > -40  # the short first lookahead's seam
+    assert windows[1.7] < windows[None]
+    assert vocoder.open_stream(first=True, held_s=1.7).chunking == vocoder.first_chunking
+
+
 async def test_stream_first_audio_and_tail(vocoder: SnacVocoder) -> None:
     stream = vocoder.open_stream()
     frames = random_codes(5, seed=3)

@@ -89,7 +89,12 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         return self.decoder.first_lane()
 
     def open_stream(self, *, first: bool = False, held_s: float | None = None) -> SnacStream:
-        return SnacStream(self, self._batcher, self.chunking_for(first), held_s=held_s)
+        """A segment's stream: a context's first segment on ``first_chunking``;
+        a later one whose listener holds ``held_s`` of audio starts with the
+        chunk that leaves time for (``VocoderConfig.held_start``)."""
+        chunking = self.first_chunking if first else self.config.segment_chunk_config(
+            self.samples_per_frame, self.samples_per_frame / self.sample_rate, held_s)
+        return SnacStream(self, self._batcher, chunking, held_s=held_s)
 
 
 class SnacStream(PlannedStream[CodeWindow]):
