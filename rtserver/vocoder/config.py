@@ -76,7 +76,10 @@ class VocoderConfig:
     # (``python -m rtserver.tools.measure.chunk_plans --held-s 1.7``). The margin:
     # the segment's first token (TTFA p50 at 256 Orpheus streams on an H100: ~100
     # ms, bench/results/h100-2026-12-07-s27), the batcher's hold (40 ms), a decode,
-    # the hand-off and the listener's jitter (40 ms). False: every segment restarts.
+    # the hand-off and the listener's jitter (40 ms). On one H100 at 256 Orpheus
+    # streams 89 and 114 of ~490 contexts underran with it, 205 and 211 without
+    # (interleaved runs; bench/results/h100-2026-12-07-s28). False: every segment
+    # restarts.
     held_start: bool = True
     held_start_margin_s: float = 0.3
     max_batch: int = 64  # windows per decoder call
