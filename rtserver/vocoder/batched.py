@@ -36,9 +36,6 @@ class BatchedVocoder(ABC, Generic[W]):
         """The chunk plan of a context's first segment (``open_stream(first=True)``)."""
         return self._first_chunking
 
-    def chunking_for(self, first: bool) -> ChunkConfig:
-        return self._first_chunking if first else self._chunking
-
     @property
     def stats(self) -> BatcherStats:
         """Batching counters (calls, call sizes, decode seconds) for metrics."""
