@@ -43,7 +43,10 @@ class VocoderConfig:
     # frames; measured on one H100 at 128 Orpheus streams (r 0.86-0.89, where
     # the model expects no gain) 1.5 against 2: first heard p50/p99 525/1,022
     # against 552/1,057 ms, 40 of 255 contexts underran against 17 of 252
-    # (bench/results/h100-2026-12-06-s18). Off until measured where r is 0.5-0.7.
+    # (bench/results/h100-2026-12-06-s18). 1.25 keeps the first hint short to r 0.8
+    # (``chunk_plans --first-segment``); at 192 streams (r ~0.7) one run gave first
+    # heard p50/p99 266/454 against 426-481/543-606 ms, another ran far slower and
+    # underran (bench/results/h100-2026-12-07-s28). Off until runs agree.
     first_growth: float = 0.0
     context_samples: int = SNAC24_EXACT_SUPPORT
     first_lookahead_samples: int = 1024
