@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 KEY = "lora-test-key"
 TEXT = "Hello there, this is a test."
 VOICES = ("orpheus:tara", "orpheus:alice", "orpheus:bob")
-FRAMES = 6  # SNAC frames per reply: the token budget (random weights never end speech)
+FRAMES = 4  # SNAC frames per reply: the token budget (random weights never end speech)
 
 
 @pytest.fixture(scope="module")
