@@ -395,9 +395,11 @@ async def test_a_later_segment_with_audio_held_starts_exact_and_in_fewer_windows
     segment and a segment with nothing held keep their plans."""
     frames = random_codes(40, seed=6)
     full = decoder.decode([CodeWindow(frames, 0)])[0]
-    windows = {}
+    windows, starts = {}, {}
     for held_s in (1.7, None):
+        before_starts = vocoder.held_starts
         stream = vocoder.open_stream(held_s=held_s)
+        starts[held_s] = vocoder.held_starts - before_starts
         before = vocoder.stats.windows
         out, first_at = [], None
         for i in range(len(frames)):
@@ -414,7 +416,10 @@ async def test_a_later_segment_with_audio_held_starts_exact_and_in_fewer_windows
             assert first_at == 1
             assert 20 * np.log10(error) > -40  # the short first lookahead's seam
     assert windows[1.7] < windows[None]
+    assert starts == {1.7: 1, None: 0}  # /metrics' rtserver_engine_vocoder_held_starts_total
+    held = vocoder.held_starts
     assert vocoder.open_stream(first=True, held_s=1.7).chunking == vocoder.first_chunking
+    assert vocoder.held_starts == held
 
 
 async def test_stream_first_audio_and_tail(vocoder: SnacVocoder) -> None:

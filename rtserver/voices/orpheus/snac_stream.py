@@ -50,6 +50,7 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         self.sample_rate: int = decoder.sample_rate
         self.samples_per_frame: int = decoder.samples_per_frame
         self.codebook_size: int = decoder.codebook_size
+        self.held_starts = 0  # later segments that started on a held plan (``open_stream``)
         super().__init__(DecodeBatcher(decoder, self.config.batcher_config(device)),
                          self.config.chunk_config(self.samples_per_frame),
                          self.config.first_chunk_config(self.samples_per_frame))
@@ -94,6 +95,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         chunk that leaves time for (``VocoderConfig.held_start``)."""
         chunking = self.first_chunking if first else self.config.segment_chunk_config(
             self.samples_per_frame, self.samples_per_frame / self.sample_rate, held_s)
+        if not first and chunking != self.chunking:
+            self.held_starts += 1
         return SnacStream(self, self._batcher, chunking, held_s=held_s)
 
 

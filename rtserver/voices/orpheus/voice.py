@@ -293,6 +293,11 @@ class OrpheusRuntime:
                                              "lane (beside the main calls)",
                                              stats.first_lane_calls),
             }
+        held = getattr(self.vocoder, "held_starts", None)
+        if held is not None:
+            out["vocoder_held_starts"] = (
+                "Later segments that started with the chunk their listener's held audio "
+                "left time for ([orpheus.vocoder] held_start)", held)
         return out
 
     def prompt_ids(self, speaker: str, text: str) -> list[int]:
