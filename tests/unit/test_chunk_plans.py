@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from rtserver.core.first_heard import first_heard_ms
-from rtserver.tools.measure.chunk_plans import FRAME_MS, decoded_per_frame, rows
+from rtserver.tools.measure.chunk_plans import FRAME_MS, decoded_per_frame, main, rows
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.voices.orpheus import codes as ot
 from rtserver.voices.token_voice import chunk_timing
@@ -94,3 +96,20 @@ def test_the_first_segment_rows_are_the_servers_first_plan() -> None:
     assert row["decoded_per_frame_24"] == decoded_per_frame(first, 24)
     later = rows([0.7], [config.first_max_chunk_frames], 1.25, [24], 40.0)[0]
     assert later["heard_0.7"] != row["heard_0.7"]  # the later plan waits the exact lookahead
+
+
+def test_held_rows_are_a_later_segment_that_starts_with_the_time_held(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--held-s``: a later segment whose listener holds that much audio
+    (``VocoderConfig.held_start``) decodes fewer frames in fewer windows than
+    one that restarts at 1 frame, and has no hint columns (its listener is
+    playing)."""
+    held = rows([0.7], [16], 2.0, [24, 60], 40.0, held_s=1.7)[0]
+    plain = rows([0.7], [16], 2.0, [24, 60], 40.0)[0]
+    for n in (24, 60):
+        assert held[f"decoded_per_frame_{n}"] < plain[f"decoded_per_frame_{n}"]
+        assert held[f"windows_{n}"] < plain[f"windows_{n}"]
+    assert "hint_0.7" in plain and "hint_0.7" not in held
+    main(["--held-s", "1.7", "--max-chunk-frames", "16", "--segment-frames", "24"])
+    out = capsys.readouterr().out
+    assert "later segments, 1.7 s held" in out and "| 16 | 1.21, 2 |" in out

@@ -15,9 +15,9 @@ and its lookahead besides its own frames: the vocoder's GPU time grows with
 it). ``--first-segment``: a context's first segment's plan instead
 (``first_chunk_config``: the ceiling is ``first_max_chunk_frames``, the growth
 ``first_growth``, and its own lookahead); ``--held-s``: a later segment whose
-listener holds that much audio (``VocoderConfig.held_start``). No model runs: this is the arithmetic
-of the plan, exact for the plan; the decoder's GPU time per frame is the GPU's
-measurement (``measure.snac timing``).
+listener holds that much audio (``VocoderConfig.held_start``; no hint columns).
+No model runs: this is the arithmetic of the plan, exact for the plan; the
+decoder's GPU time per frame is the GPU's measurement (``measure.snac timing``).
 """
 
 from __future__ import annotations
