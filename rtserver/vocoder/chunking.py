@@ -49,6 +49,7 @@ out so it cannot click.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -281,15 +282,20 @@ def held_start(config: ChunkConfig, seconds: float, frame_s: float) -> ChunkConf
     segment starts without the plan's approximate first seam and with fewer,
     larger windows (fewer frames decoded per frame: ``tools.measure.
     chunk_plans``). ``config`` unchanged when that is too few frames for a
-    first chunk of at least one frame."""
+    first chunk of at least one frame. Called once a segment: the plans for each
+    frame count are built once (``_held_plan``)."""
     f = config.samples_per_frame
     margin = config.lookahead_samples + config.crossfade_samples
     fewest = -(-margin // f) + 1  # the exact first chunk emits at least one frame
     frames = min(config.max_chunk_frames, math.floor(seconds / frame_s)) if seconds > 0 else 0
     if frames < max(fewest, config.first_frames + 1):
         return config
-    return replace(config, first_frames=frames,
-                   first_lookahead_samples=config.lookahead_samples)
+    return _held_plan(config, frames)
+
+
+@functools.lru_cache(maxsize=64)
+def _held_plan(config: ChunkConfig, frames: int) -> ChunkConfig:
+    return replace(config, first_frames=frames, first_lookahead_samples=config.lookahead_samples)
 
 
 def stream_plan(config: ChunkConfig, n_chunks: int) -> list[tuple[int, int]]:

@@ -166,14 +166,14 @@ class VocoderConfig:
                            lookahead_samples=self.lookahead_samples,
                            crossfade_samples=self.crossfade_samples)
 
-    def segment_chunk_config(self, samples_per_frame: int, frame_s: float,
+    def segment_chunk_config(self, later: ChunkConfig, frame_s: float,
                              held_s: float | None) -> ChunkConfig:
-        """``chunk_config`` for a later segment whose listener holds ``held_s``
-        of audio from the segments before it (``held_start``; None: unknown)."""
-        config = self.chunk_config(samples_per_frame)
+        """The plan of a later segment whose listener holds ``held_s`` of audio
+        from the segments before it (``held_start``; None: unknown), from
+        ``later`` (this config's ``chunk_config``): ``later`` itself unless held."""
         if not self.held_start or held_s is None:
-            return config
-        return held_start(config, held_s - self.held_start_margin_s, frame_s)
+            return later
+        return held_start(later, held_s - self.held_start_margin_s, frame_s)
 
     def first_chunk_config(self, samples_per_frame: int) -> ChunkConfig:
         """``chunk_config`` for a context's first segment (``first_max_chunk_frames``,

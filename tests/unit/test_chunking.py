@@ -233,6 +233,7 @@ def test_a_held_start_waits_for_the_frames_real_time_makes_in_the_time_held(
     check_geometry(held, jobs, seen)
     np.testing.assert_allclose(np.concatenate(chunks), signal(0, 60 * F), atol=1e-6)
     assert len(jobs) < len(run(cfg, [1] * 60)[0])  # fewer, larger decodes
+    assert held_start(cfg, seconds, FRAME_S) is held  # built once a frame count, not a segment
 
 
 @pytest.mark.parametrize("seconds", [-1.0, 0.0, 0.2, 0.3])

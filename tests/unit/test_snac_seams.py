@@ -338,7 +338,8 @@ def test_vocoder_config_defaults_are_the_chunk_defaults() -> None:
         VocoderConfig(first_growth=0.5)
     with pytest.raises(ValueError, match="held_start_margin_s"):
         VocoderConfig(held_start_margin_s=-0.1)
-    assert VocoderConfig(held_start=False).segment_chunk_config(F, F / 24_000, 30.0) == (
+    later = VocoderConfig().chunk_config(F)
+    assert VocoderConfig(held_start=False).segment_chunk_config(later, F / 24_000, 30.0) == (
         VocoderConfig().chunk_config(F))
 
 

@@ -60,8 +60,9 @@ def plan_config(ceiling: int, growth: float, first_segment: bool,
         return VocoderConfig(first_max_chunk_frames=ceiling, first_growth=growth,
                              max_chunk_frames=max(ceiling, VocoderConfig().max_chunk_frames)
                              ).first_chunk_config(ot.SAMPLES_PER_FRAME)
-    return VocoderConfig(growth=growth, max_chunk_frames=ceiling).segment_chunk_config(
-        ot.SAMPLES_PER_FRAME, FRAME_MS / 1000, held_s)
+    config = VocoderConfig(growth=growth, max_chunk_frames=ceiling)
+    return config.segment_chunk_config(config.chunk_config(ot.SAMPLES_PER_FRAME),
+                                       FRAME_MS / 1000, held_s)
 
 
 def rows(rtfs: Sequence[float], ceilings: Sequence[int], growth: float,

@@ -51,6 +51,7 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         self.samples_per_frame: int = decoder.samples_per_frame
         self.codebook_size: int = decoder.codebook_size
         self.held_starts = 0  # later segments that started on a held plan (``open_stream``)
+        self._frame_s = self.samples_per_frame / self.sample_rate
         super().__init__(DecodeBatcher(decoder, self.config.batcher_config(device)),
                          self.config.chunk_config(self.samples_per_frame),
                          self.config.first_chunk_config(self.samples_per_frame))
@@ -94,8 +95,8 @@ class SnacVocoder(BatchedVocoder[CodeWindow]):
         a later one whose listener holds ``held_s`` of audio starts with the
         chunk that leaves time for (``VocoderConfig.held_start``)."""
         chunking = self.first_chunking if first else self.config.segment_chunk_config(
-            self.samples_per_frame, self.samples_per_frame / self.sample_rate, held_s)
-        if not first and chunking != self.chunking:
+            self.chunking, self._frame_s, held_s)
+        if not first and chunking is not self.chunking:
             self.held_starts += 1
         return SnacStream(self, self._batcher, chunking, held_s=held_s)
 
