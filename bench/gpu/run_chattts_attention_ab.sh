@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ChatTTS's decode attention on a GPU (issue 25; session 23 built it, no GPU was left to run
-# it): the Triton kernel against torch's masked SDPA, in three parts in one call.
+# ChatTTS's decode attention on a GPU (issue 25; session 23 built it, session 29 ran it on an
+# H100 and made it the default on CUDA, bench/results/h100-2026-12-07-s29): the Triton kernel
+# against torch's masked SDPA, each named, in three parts in one call.
 #   1. the self-check: both on one layer's cache of the real shapes, the largest difference
 #      and each one's time a call at 1, 64, 256 and 512 rows (att-check.json);
 #   2. the engine alone with each (--decode-attention), rows 1, 256 and 512 (engine-*.json);
@@ -39,7 +40,7 @@ LEFT=$(( ${LIMIT:-570} - ($(date +%s) - T0) ))
 if [ $LEFT -ge 130 ]; then
   L=${LEVEL:-640}
   RTSERVER_CHATTTS_SLOTS=768 RTSERVER_CHATTTS_MAX_LEN=1024 \
-    RUNS=${RUNS:-$'t1|.|decode_attention = "triton"\ns1|.|\nb1|base|\nt2|.|decode_attention = "triton"\ns2|.|\nb2|base|'} \
+    RUNS=${RUNS:-$'t1|.|decode_attention = "triton"\ns1|.|decode_attention = "sdpa"\nb1|base|\nt2|.|decode_attention = "triton"\ns2|.|decode_attention = "sdpa"\nb2|base|'} \
     LEVEL=$L OUT=/tmp/att-runs timeout $(( LEFT - 15 )) bash bench/gpu/run_chattts_trees.sh
   cp /tmp/att-runs/runs.md $OUT/ 2>/dev/null
   for d in /tmp/att-runs/*/; do gzip -f $d/worker-metrics.txt $d/gpu-util.txt 2>/dev/null; done

@@ -101,3 +101,22 @@ def test_the_kernel_compiles_for_an_h100() -> None:
                     constexprs={"GROUP": 1, "D": 64, "BLOCK": 64})
     kernel = compile(src, target=GPUTarget("cuda", 90, 32))
     assert "decode_kernel" in kernel.asm["ptx"] and kernel.asm["cubin"]
+
+
+def test_auto_is_triton_on_cuda_only() -> None:
+    """``decode_attention = "auto"`` (the default): the kernel on CUDA, where it
+    measured faster; SDPA on the CPU, where the kernel cannot run compiled."""
+    import torch
+
+    from rtserver.voices.chattts.config import ChatTTSConfig
+    from rtserver.voices.chattts.engine.model import resolve_attention
+
+    assert ChatTTSConfig().decode_attention == "auto"
+    assert resolve_attention("auto", torch.device("cuda")) == "triton"
+    assert resolve_attention("auto", torch.device("cpu")) == "sdpa"
+    assert resolve_attention("sdpa", torch.device("cuda")) == "sdpa"
+    with pytest.raises(ValueError, match="one of auto, sdpa, triton"):
+        resolve_attention("flash", torch.device("cuda"))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(ValueError, match="runs on CUDA"):
+            resolve_attention("triton", torch.device("cpu"))

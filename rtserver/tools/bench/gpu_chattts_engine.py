@@ -44,19 +44,20 @@ def parse_levels(text: str, steps: int) -> list[tuple[int, int]]:
 async def _levels(ckpt: str, device: str, slots: int, max_len: int,
                   levels: list[tuple[int, int]], want_hidden: bool = True,
                   profile: str = "", dtype_name: str = "", kernels: str = "",
-                  attention: str = "sdpa", **engine_kw: Any) -> dict[str, Any]:
+                  attention: str = "auto", **engine_kw: Any) -> dict[str, Any]:
     import torch
 
     from rtserver.voices.chattts.assets import load_lm_assets
     from rtserver.voices.chattts.engine.counters import PHASES
     from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
-    from rtserver.voices.chattts.engine.model import ChatLM
+    from rtserver.voices.chattts.engine.model import ChatLM, resolve_attention
     from rtserver.voices.chattts.text import code_prompt
 
     assets = load_lm_assets(ckpt)
     cfg = assets.config
     dtype = getattr(torch, dtype_name) if dtype_name else (
         torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    attention = resolve_attention(attention, torch.device(device))  # "auto" as it ran
 
     def factory() -> ChatLM:
         return ChatLM(cfg, assets.gpt, assets.embed, slots=slots, max_len=max_len,
@@ -224,7 +225,7 @@ def main() -> None:
                    "indices) instead of a copy to the host each step")
     p.add_argument("--no-move-graphs", action="store_true",
                    help="a step's KV moves run eagerly (the A/B of their CUDA graphs)")
-    p.add_argument("--decode-attention", default="sdpa", choices=("sdpa", "triton"),
+    p.add_argument("--decode-attention", default="auto", choices=("auto", "sdpa", "triton"),
                    help="a decode step's attention (chattts.decode_attention)")
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--dtype", default="", help="weights: bfloat16 or float32 (default: bf16 "

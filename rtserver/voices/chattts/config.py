@@ -86,9 +86,10 @@ class ChatTTSConfig:
     # host and back (decoder route only; engine.engine.TorchEngineConfig).
     hidden_store: bool = False
     # A decode step's attention: "sdpa" (torch's, dense up to the step's length
-    # bucket) or "triton" (each row's own positions only, CUDA:
-    # chattts.engine.attention); "sdpa" until measured on a GPU.
-    decode_attention: str = "sdpa"
+    # bucket), "triton" (each row's own positions only, CUDA:
+    # chattts.engine.attention) or "auto": "triton" on CUDA where Triton imports,
+    # "sdpa" elsewhere (chattts.engine.model.resolve_attention has the H100 figures).
+    decode_attention: str = "auto"
 
     def check(self) -> None:
         """``ValueError`` naming the field."""
@@ -100,9 +101,9 @@ class ChatTTSConfig:
         if self.hidden_store and self.decoder != "decoder":
             raise ValueError("chattts.hidden_store keeps hidden states for the 'decoder' "
                              "route; chattts.decoder is 'dvae' (codes)")
-        if self.decode_attention not in ("sdpa", "triton"):
-            raise ValueError(f"chattts.decode_attention {self.decode_attention!r}: 'sdpa' or "
-                             "'triton'")
+        if self.decode_attention not in ("auto", "sdpa", "triton"):
+            raise ValueError(f"chattts.decode_attention {self.decode_attention!r}: auto, sdpa, "
+                             "triton")
         if self.decoder_hold_ms > 1000:
             raise ValueError("chattts.decoder_hold_ms must be <= 1000")
         steady = ChatTTSDecodeConfig().max_chunk_frames

@@ -405,9 +405,9 @@ class ModelRunner:
         torch.cuda.synchronize()
         self.reset()
         torch.cuda.synchronize()
-        log.info("captured %d decode, %d prefill and %d move CUDA graphs in %.1f s",
-                 len(self._decode_graphs), len(self._prefill_graphs), len(self._move_graphs),
-                 clock() - t0)
+        log.info("captured %d decode, %d prefill and %d move CUDA graphs in %.1f s (decode "
+                 "attention %s)", len(self._decode_graphs), len(self._prefill_graphs),
+                 len(self._move_graphs), clock() - t0, self.model.attention)
         return self.graphs
 
     def _capture_moves(self, pool: Any, stream: Any) -> None:
