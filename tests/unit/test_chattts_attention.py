@@ -104,19 +104,35 @@ def test_the_kernel_compiles_for_an_h100() -> None:
 
 
 def test_auto_is_triton_on_cuda_only() -> None:
-    """``decode_attention = "auto"`` (the default): the kernel on CUDA, where it
-    measured faster; SDPA on the CPU, where the kernel cannot run compiled."""
+    """``decode_attention = "auto"`` (the default): the kernel where Triton can
+    run it (``triton_usable``), where it measured faster; SDPA elsewhere."""
     import torch
 
     from rtserver.voices.chattts.config import ChatTTSConfig
     from rtserver.voices.chattts.engine.model import resolve_attention
 
+    cuda = torch.device("cuda")
     assert ChatTTSConfig().decode_attention == "auto"
-    assert resolve_attention("auto", torch.device("cuda")) == "triton"
+    assert resolve_attention("auto", cuda, lambda d: True) == "triton"
+    assert resolve_attention("auto", cuda, lambda d: False) == "sdpa"
     assert resolve_attention("auto", torch.device("cpu")) == "sdpa"
-    assert resolve_attention("sdpa", torch.device("cuda")) == "sdpa"
+    assert resolve_attention("sdpa", cuda, lambda d: True) == "sdpa"
     with pytest.raises(ValueError, match="one of auto, sdpa, triton"):
         resolve_attention("flash", torch.device("cuda"))
     if os.environ.get("TRITON_INTERPRET") != "1":
         with pytest.raises(ValueError, match="runs on CUDA"):
             resolve_attention("triton", torch.device("cpu"))
+
+
+def test_triton_usable_on_cuda_from_sm80_only() -> None:
+    """Triton's supported NVIDIA GPUs are compute capability 8.0+: an older GPU
+    or the CPU keeps torch's layers under "auto"."""
+    import torch
+
+    from rtserver.engine.triton_usable import triton_usable
+
+    cuda = torch.device("cuda")
+    assert triton_usable(cuda, lambda d: (9, 0))
+    assert triton_usable(cuda, lambda d: (8, 0))
+    assert not triton_usable(cuda, lambda d: (7, 5))
+    assert not triton_usable(torch.device("cpu"), lambda d: (9, 0))

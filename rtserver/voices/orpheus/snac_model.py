@@ -48,7 +48,6 @@ checkpoints' activations.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -63,6 +62,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from rtserver.engine.capture_streams import capture_stream
+from rtserver.engine.triton_usable import triton_usable
 from rtserver.vocoder.config import SNAKE_CONVS
 from rtserver.vocoder.graph_buckets import batch_buckets
 from rtserver.voices.orpheus.snac_kernels import fuse, is_depthwise
@@ -421,9 +421,7 @@ class SnacDecoder:
             raise ValueError(f"snake_conv must be one of {', '.join(SNAKE_CONVS)}, "
                              f"not {snake_conv!r}")
         if snake_conv == "auto":
-            usable = (self.device.type == "cuda" and not compile
-                      and importlib.util.find_spec("triton") is not None)
-            snake_conv = "triton" if usable else "torch"
+            snake_conv = "triton" if not compile and triton_usable(self.device) else "torch"
         self.snake_conv = snake_conv
         if snake_conv == "torch":
             return set()

@@ -18,12 +18,13 @@ into a request's positions.
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rtserver.engine.triton_usable import triton_usable
 from rtserver.voices.chattts.engine.attention import decode_attention, interpreted
 from rtserver.voices.chattts.engine.shapes import EmbedWeights, GptConfig
 
@@ -41,17 +42,18 @@ class _Layer:
 ATTENTIONS = ("auto", "sdpa", "triton")
 
 
-def resolve_attention(attention: str, device: torch.device) -> str:
-    """``"auto"`` as ``"triton"`` on CUDA where Triton imports, else ``"sdpa"``
-    (an H100 at 640 streams through the server: 0 of ~1,480 contexts underran
-    with it against 40 of ~1,455 with SDPA, and 7.0 against 8.5 ms of GPU a step
-    at 512 rows alone: ``bench/results/h100-2026-12-07-s29``); ``ValueError`` for
-    a name not in ``ATTENTIONS`` or ``"triton"`` where it cannot run."""
+def resolve_attention(attention: str, device: torch.device,
+                      usable: Callable[[torch.device], bool] = triton_usable) -> str:
+    """``"auto"`` as ``"triton"`` where ``usable`` (``triton_usable``: CUDA,
+    sm_80 or newer, Triton imports), else ``"sdpa"`` (an H100 at 640 streams
+    through the server: 0 of ~1,480 contexts underran with it against 40 of
+    ~1,455 with SDPA, and 7.0 against 8.5 ms of GPU a step at 512 rows alone:
+    ``bench/results/h100-2026-12-07-s29``); ``ValueError`` for a name not in
+    ``ATTENTIONS`` or ``"triton"`` where it cannot run."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
     if attention == "auto":
-        usable = device.type == "cuda" and importlib.util.find_spec("triton") is not None
-        return "triton" if usable else "sdpa"
+        return "triton" if usable(device) else "sdpa"
     if attention == "triton" and device.type != "cuda" and not interpreted():
         raise ValueError("triton decode attention runs on CUDA (or under TRITON_INTERPRET=1)")
     return attention
