@@ -4,8 +4,8 @@ convolutions).
 
 A CUDA device of compute capability 8.0 or newer (Triton's supported NVIDIA
 GPUs, its README: "Compute Capability 8.0+"; the kernels were measured on an
-H100, sm_90) where Triton imports. Older GPUs and the CPU keep torch's layers,
-which run everywhere.
+H100, sm_90) where Triton imports. Older GPUs, ROCm and the CPU keep torch's
+layers, which run everywhere.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def triton_usable(device: Any, capability: Callable[[Any], tuple[int, int]] | No
     if capability is None:
         import torch
 
+        if torch.version.hip:  # ROCm's "cuda": the kernels are measured on NVIDIA only
+            return False
         capability = torch.cuda.get_device_capability
     return tuple(capability(device)) >= MIN_CAPABILITY
 

@@ -124,10 +124,11 @@ class VocoderConfig:
     # Snake activations and depthwise convolutions (one of SNAKE_CONVS): "torch"
     # (its layers), "triton" (fused kernels, CUDA; ``voices.orpheus.snac_kernels``)
     # or "auto" (the kernels where ``engine.triton_usable``: CUDA sm_80+ with
-    # Triton, not with compile; the layers elsewhere). On an H100, SNAC alone, the kernels' float32 decode equals the
-    # layers' bit for bit and takes 48 against 79 ms for 64 windows of 22 frames
-    # (bench/results/h100-2026-12-06-s24); through the server vLLM made 16.8-17.6k
-    # tokens/s at 256 streams on an H100, 9.2-10.2k before (h100-2026-12-07-s26).
+    # Triton, not with compile; the layers elsewhere). On an H100, SNAC alone, the
+    # kernels' float32 decode equals the layers' bit for bit and takes 48 against
+    # 79 ms for 64 windows of 22 frames (bench/results/h100-2026-12-06-s24); through
+    # the server vLLM made 16.8-17.6k tokens/s at 256 streams on an H100, 9.2-10.2k
+    # before (h100-2026-12-07-s26).
     snake_conv: str = "auto"
     # CUDA: the batched calls on a stream of their own (the first lane has its
     # own already); for a vLLM engine in the same process, whose default-stream
