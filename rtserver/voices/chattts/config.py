@@ -87,8 +87,9 @@ class ChatTTSConfig:
     hidden_store: bool = False
     # A decode step's attention: "sdpa" (torch's, dense up to the step's length
     # bucket), "triton" (each row's own positions only, CUDA:
-    # chattts.engine.attention) or "auto": "triton" on CUDA where Triton imports,
-    # "sdpa" elsewhere (chattts.engine.model.resolve_attention has the H100 figures).
+    # chattts.engine.attention) or "auto": "triton" where engine.triton_usable (CUDA
+    # sm_80+ with Triton), "sdpa" elsewhere (engine.model.resolve_attention has the
+    # H100 figures).
     decode_attention: str = "auto"
 
     def check(self) -> None:
