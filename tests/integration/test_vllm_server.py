@@ -2,25 +2,33 @@
 
 Over the WebSocket, like any client: a reply streamed in comes back as audio
 of the length the engine generated, a cancel frees the vLLM request, two
-contexts run at once, and vLLM's own stats reach /metrics.
+contexts run at once, and vLLM's own stats reach /metrics. First, the voice
+checks of test_vllm_orpheus (tests/integration/orpheus_checks.py) on the
+server's own voice, whose EngineCore is in its own process: one EngineCore
+process started for both (~15 s of a suite run on 2 cores, ~4 s to close).
 """
 
 from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm")
 
 from rtserver.client import AudioFrames, RtClient
+from rtserver.server.guarded import unwrap
 from rtserver.testing.server_thread import ServerThread
 from rtserver.testing.wait import wait_until_async
 from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
+from rtserver.voices.orpheus.voice import OrpheusVoice
+
+from . import orpheus_checks as check
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -52,6 +60,55 @@ def metric(srv: ServerThread, name: str) -> float:
               if line.startswith(name + " ") or line.startswith(name + "{")]
     assert values, f"{name} not in /metrics"
     return sum(values)
+
+
+# --- test_vllm_orpheus's voice checks, on this server's voice and its loop ---------
+
+
+def served_voice(srv: ServerThread) -> OrpheusVoice:
+    """orpheus:tara as the server loaded it (its settings are test_vllm_orpheus's)."""
+    assert srv.server is not None and srv.server.app is not None
+    voice = unwrap(srv.server.app.voices["orpheus:tara"])
+    assert isinstance(voice, OrpheusVoice)
+    assert voice.runtime.config.engine_process == "separate"
+    assert voice.runtime.config.budget == check.BUDGET
+    return voice
+
+
+async def on_server(srv: ServerThread, coro: Coroutine[Any, Any, None]) -> None:
+    await asyncio.wrap_future(srv.submit(coro))
+
+
+async def test_voice_segment_audio_matches_generated_frames(
+        orpheus_server: ServerThread) -> None:
+    voice = served_voice(orpheus_server)
+    await on_server(orpheus_server, check.segment_audio_matches_generated_frames(voice))
+
+
+async def test_voice_cancel_frees_the_vllm_request(orpheus_server: ServerThread) -> None:
+    voice = served_voice(orpheus_server)
+    await on_server(orpheus_server, check.first_chunk_then_stop(voice, "cancel-1", "cancel"))
+
+
+async def test_voice_closing_the_stream_frees_the_vllm_request(
+        orpheus_server: ServerThread) -> None:
+    voice = served_voice(orpheus_server)
+    await on_server(orpheus_server, check.first_chunk_then_stop(voice, "close-1", "aclose"))
+
+
+async def test_voice_two_segments_at_once(orpheus_server: ServerThread) -> None:
+    voice = served_voice(orpheus_server)
+    await on_server(orpheus_server, check.two_segments_at_once(voice))
+
+
+async def test_voice_warm_up_runs_a_batch_of_requests_at_once(
+        orpheus_server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    voice = served_voice(orpheus_server)
+    await on_server(orpheus_server,
+                    check.warm_up_runs_a_batch_of_requests_at_once(voice, monkeypatch))
+
+
+# --- the server, over the WebSocket ---------------------------------------------------
 
 
 async def test_orpheus_reply_over_the_websocket(orpheus_server: ServerThread) -> None:
