@@ -51,8 +51,10 @@ def front_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread
                    'dummy_weights = true\ndevice = "cpu"\nenforce_eager = true\n'
                    'max_model_len = 2048\nmax_num_seqs = 8\nengine_process = "inproc"\n'
                    # dummy weights never end speech: each reply runs to its token budget,
-                   # 24 frames (169 tokens, ~2 s of audio) on 2 cores' ~25 ms a step
-                   'budget.max_frames = 24\n'
+                   # 8 frames (56 tokens, ~0.7 s of audio; still several chunks, the
+                   # first segment's being at most 6 frames): 24 took ~8 s more of the
+                   # module's three replies on 2 cores
+                   'budget.max_frames = 8\n'
                    f'adapters = ["alice@tara={alice}"]\nmax_loras = 2\nmax_lora_rank = 8\n'
                    f'[gpu]\nendpoint = "{endpoint}"\n')
     log = (root / "worker.log").open("w")
