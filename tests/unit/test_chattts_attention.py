@@ -109,7 +109,7 @@ def test_auto_is_triton_on_cuda_only() -> None:
     import torch
 
     from rtserver.voices.chattts.config import ChatTTSConfig
-    from rtserver.voices.chattts.engine.model import resolve_attention
+    from rtserver.voices.chattts.engine.model import ATTENTIONS, resolve_attention
 
     cuda = torch.device("cuda")
     assert ChatTTSConfig().decode_attention == "auto"
@@ -119,6 +119,11 @@ def test_auto_is_triton_on_cuda_only() -> None:
     assert resolve_attention("sdpa", cuda, lambda d: True) == "sdpa"
     with pytest.raises(ValueError, match="one of auto, sdpa, triton"):
         resolve_attention("flash", torch.device("cuda"))
+    # the config (torch-free) accepts the same names, and refuses others at start
+    for name in ATTENTIONS:
+        ChatTTSConfig(decode_attention=name).check()
+    with pytest.raises(ValueError, match=r"chattts\.decode_attention 'flash'"):
+        ChatTTSConfig(decode_attention="flash").check()
     if os.environ.get("TRITON_INTERPRET") != "1":
         with pytest.raises(ValueError, match="runs on CUDA"):
             resolve_attention("triton", torch.device("cpu"))
