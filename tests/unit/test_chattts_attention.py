@@ -103,7 +103,7 @@ def test_the_kernel_compiles_for_an_h100() -> None:
     assert "decode_kernel" in kernel.asm["ptx"] and kernel.asm["cubin"]
 
 
-def test_auto_is_triton_on_cuda_only() -> None:
+def test_auto_picks_the_kernel_where_triton_can_run_it() -> None:
     """``decode_attention = "auto"`` (the default): the kernel where Triton can
     run it (``triton_usable``), where it measured faster; SDPA elsewhere."""
     import torch
