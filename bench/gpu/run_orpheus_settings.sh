@@ -9,6 +9,7 @@
 # (bench/results/h100-2026-12-07-s26). A run starts only while RUN_S seconds are left.
 #   RUNS=$'d1|\np1|RTSERVER_ORPHEUS_VOCODER_MAX_PAD_FRACTION=0.5\nd2|' LEVELS=192,256 \
 #     T_START=$(date +%s) LIMIT=580 OUT=$OUT bash bench/gpu/run_orpheus_settings.sh
+# VOCAB_COST (rows, e.g. 128,192,256): tools.bench.gpu_vocab_cost first, in $OUT/vocab.json.
 # ENGINE_LEVELS (e.g. 128,192,256): first vLLM alone at those rows (tools.bench.gpu_orpheus,
 # random weights of the 3B shape; ENGINE_ARGS, default "--mode load": steady tokens/s with
 # N-1 rows decoding), in $OUT/engine.json. Each run's files come back as $OUT/NAME.tgz.
@@ -17,6 +18,10 @@ left() { echo $(( ${LIMIT:-580} - ($(date +%s) - T0) )); }
 . bench/gpu/lib.sh; vllm_wheels
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
 export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
+if [ -n "${VOCAB_COST:-}" ]; then  # the vocabulary's share of a decode step, vLLM's kernels
+  timeout 120 python3 -m rtserver.tools.bench.gpu_vocab_cost --rows "$VOCAB_COST" \
+    --out $OUT/vocab.json 2>&1 | tail -8; echo "vocab cost done ($(( $(date +%s) - T0 )) s)"
+fi
 if [ -n "${ENGINE_LEVELS:-}" ]; then
   timeout $(( $(left) - ${RUN_S:-150} )) python3 -m rtserver.tools.bench.gpu_orpheus \
     --dummy-weights --shape 3b ${ENGINE_ARGS:---mode load} --levels "$ENGINE_LEVELS" \

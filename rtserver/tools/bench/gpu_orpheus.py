@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", default="",
                    help="comma list: run every level at each (default: the voice's 1.3)")
     p.add_argument("--probes", type=int, default=6, help="load mode: probes per level")
+    p.add_argument("--bg-tokens", type=int, default=0,
+                   help="load mode: each background row runs requests of this many tokens, "
+                   "one after another (a server's segments); 0: one request as long as "
+                   "max-model-len allows")
     p.add_argument("--write-random", default="",
                    help="write an Orpheus-layout checkpoint with audio-biased random weights "
                         "to this folder first and load it (see orpheus.layout."
@@ -149,9 +154,17 @@ async def _load_level(voice: Any, n: int, args: argparse.Namespace, tag: str,
     engine = voice.runtime.engine
     counter = [0]
     room = args.max_model_len - 200  # the prompt is under 200 tokens
-    background = [asyncio.ensure_future(_engine_request(
-        voice, f"{tag}-bg-{n}-{i}", args.text, room, rep, first=False, counter=counter))
-        for i in range(n - 1)]
+
+    async def row(i: int) -> dict[str, Any]:
+        if args.bg_tokens <= 0:
+            return await _engine_request(voice, f"{tag}-bg-{n}-{i}", args.text, room, rep,
+                                         first=False, counter=counter)
+        for k in itertools.count():  # until cancelled: segment after segment
+            await _engine_request(voice, f"{tag}-bg-{n}-{i}-{k}", args.text, args.bg_tokens,
+                                  rep, first=False, counter=counter)
+        raise AssertionError("unreachable")
+
+    background = [asyncio.ensure_future(row(i)) for i in range(n - 1)]
     try:
         deadline = time.perf_counter() + 60
         # vLLM's scheduler stats have no event to wait on: poll them
@@ -174,6 +187,7 @@ async def _load_level(voice: Any, n: int, args: argparse.Namespace, tag: str,
         done = await asyncio.gather(*background, return_exceptions=True)
     rows = probes + [d for d in done if isinstance(d, dict)]
     return {"mode": "load", "streams": n, "repetition_penalty": rep, "probes": len(probes),
+            "bg_tokens": args.bg_tokens,
             **{k: _summary_ms([p[k] for p in probes]) for k in ("ttft", "t7", "t28")},
             "probe_tok_per_s": summarize([p["tok_per_s"] for p in probes]).as_dict(),
             "steady_tokens_per_s": round(steady, 1), "window_s": round(window, 3),
