@@ -34,6 +34,22 @@ jit_save() {
 # (.gpu/vllm/recv.sh 7), unless a call before installed it.
 vllm_wheels() {
   [ -d /tmp/site/vllm ] || { bash .gpu/vllm/recv.sh 7 >/dev/null && bash .gpu/vllm/install.sh | tail -1; }
+  vllm_plugin_entry_point
+}
+# vllm_plugin_entry_point: pyproject's vllm.general_plugins entry point as a dist-info in
+# /tmp/site (the tree runs from PYTHONPATH, uninstalled), so vLLM's EngineCore process
+# registers the logits-head Llama (rtserver/engine/vllm_plugin.py) as an install would.
+vllm_plugin_entry_point() {
+  python3 - <<'PY'
+import pathlib, tomllib
+eps = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]["entry-points"]
+d = pathlib.Path("/tmp/site/rtserver_tree_plugins-0.dist-info")
+d.mkdir(parents=True, exist_ok=True)
+(d / "METADATA").write_text("Metadata-Version: 2.1\nName: rtserver-tree-plugins\nVersion: 0\n")
+group = "vllm.general_plugins"
+(d / "entry_points.txt").write_text(
+    f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps[group].items()))
+PY
 }
 # server_wheels SRV: the server's staged wheels (SRV: a stage.sh folder, part 0) into /tmp/site,
 # unless a wheel set with the server's stack is there already (e.g. the Orpheus runs' vLLM

@@ -63,6 +63,7 @@ from rtserver.engine.base import (
     HistogramAccumulator,
     TokenRequest,
 )
+from rtserver.engine.head_vocab import HeadVocab
 from rtserver.engine.quantization import declared_quantization, resolve_quantization
 from rtserver.errors import BadAdapter, ConfigError, EngineDead, EngineFailed
 
@@ -123,6 +124,26 @@ class VllmEngineConfig:
     # A folder: EngineCore records torch profiler traces there between
     # start_profile and stop_profile (GPU timelines, issue 24); "": off.
     profile_dir: str = ""
+    # Logits for these ids only (engine/vllm_head.py): the model's vocabulary is
+    # renumbered head first; prompts, stop ids and outputs are mapped here, so
+    # requests and deltas keep the checkpoint's ids. Needs token_guard "none",
+    # tensor_parallel_size 1 and LoRA off; None: the whole vocabulary.
+    head: HeadVocab | None = None
+    # vLLM's V1 model runner (the CPU's) cannot serve a head with penalties:
+    # True lets the head model start there and refuses requests with a
+    # repetition penalty (the CPU tests' setting).
+    head_without_penalties: bool = False
+
+    def check(self) -> None:
+        """Cross-field checks; ``ConfigError`` naming the conflict."""
+        if self.head is None:
+            return
+        if self.token_guard != "none":
+            raise ConfigError(f"a logits head needs token_guard 'none', not "
+                              f"{self.token_guard!r} (the head already keeps out every "
+                              "other id)")
+        if self.tensor_parallel_size != 1 or self.max_loras > 0:
+            raise ConfigError("a logits head needs tensor_parallel_size 1 and LoRA off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +353,7 @@ class VllmEngine:
 
     def engine_args(self) -> AsyncEngineArgs:
         c = self.config
+        c.check()
         if not os.path.isdir(c.model):
             raise ConfigError(f"model folder {c.model} does not exist")
         kwargs: dict[str, Any] = {}
@@ -344,6 +366,14 @@ class VllmEngine:
             kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
         if c.token_guard == "mask":
             kwargs["logits_processors"] = [CyclicMaskLogitsProcessor]
+        if c.head is not None:
+            from rtserver.engine import vllm_plugin
+
+            vllm_plugin.register()  # this process resolves the architecture too
+            kwargs["hf_overrides"] = {
+                "architectures": [vllm_plugin.HEAD_ARCHITECTURE],
+                vllm_plugin.HF_HEAD_RANGES: [list(r) for r in c.head.ranges],
+                vllm_plugin.HF_HEAD_ALLOW_V1: c.head_without_penalties}
         if c.max_loras > 0:
             kwargs |= {"enable_lora": True, "max_loras": c.max_loras,
                        "max_lora_rank": c.max_lora_rank,
@@ -463,15 +493,26 @@ class VllmEngine:
                 extra = mask_extra_args(request.mask)
             elif self.config.token_guard == "allowed":
                 allowed = request.mask.allowed_ids()
+        head = self.config.head
+        stop = list(request.stop_token_ids)
+        top_k = max(s.top_k, 0)
+        if head is not None:
+            if any(not head.in_head(t) for t in stop):
+                raise EngineFailed(f"stop ids {stop} lie outside the model's logits head")
+            if self.config.head_without_penalties and s.repetition_penalty != 1.0:
+                raise EngineFailed("this engine's logits head serves no repetition penalty "
+                                   f"(asked {s.repetition_penalty})")
+            stop = head.to_model(stop)
+            top_k = min(top_k, head.head_size)
         return SamplingParams(
             n=1,
             temperature=s.temperature,
             top_p=s.top_p,
-            top_k=max(s.top_k, 0),
+            top_k=top_k,
             repetition_penalty=s.repetition_penalty,
             seed=s.seed,
             max_tokens=request.max_tokens,
-            stop_token_ids=list(request.stop_token_ids),
+            stop_token_ids=stop,
             allowed_token_ids=allowed,
             extra_args=extra,
             output_kind=RequestOutputKind.DELTA,
@@ -487,7 +528,9 @@ class VllmEngine:
             raise EngineDead("the vLLM engine has died")
         params = self.sampling_params(request)
         lora = self._lora_request(request.adapter)
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        head = self.config.head
+        prompt = TokensPrompt(prompt_token_ids=head.to_model(request.prompt_token_ids)
+                              if head is not None else list(request.prompt_token_ids))
         priority = request.priority if self.config.priority_scheduling else 0
         rid = request.request_id
         live = self._live
@@ -515,7 +558,7 @@ class VllmEngine:
                             live.t7.observe(now() - started)
                         if before < 28 <= count:
                             live.t28.observe(now() - started)
-                        yield ids
+                        yield head.from_model(ids) if head is not None else ids
                     if completion is not None and completion.finish_reason == "abort":
                         live.aborted += 1
         except Exception as exc:

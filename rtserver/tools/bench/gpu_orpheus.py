@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--token-guard", choices=["auto", "mask", "allowed", "none"], default="auto")
+    p.add_argument("--audio-head", choices=["auto", "on", "off"], default="auto",
+                   help="[orpheus] audio_head: logits for the audio and end tokens only")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--quantization", default="",
@@ -316,6 +318,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         shape=args.shape, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager, token_guard=args.token_guard,
+        audio_head=args.audio_head,
         enable_prefix_caching=not args.no_prefix_caching, stream_interval=args.stream_interval,
         quantization=args.quantization, vocoder=VocoderConfig(dtype=args.vocoder_dtype))
     try:
@@ -325,7 +328,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     voice = await load_orpheus_voice(cfg)
     start_s = time.perf_counter() - t0
-    print(f"engine + vocoder ready in {start_s:.1f} s", flush=True)
+    head = getattr(getattr(voice.runtime.engine, "config", None), "head", None)
+    print(f"engine + vocoder ready in {start_s:.1f} s; logits for "
+          f"{head.head_size if head is not None else 'every'} id(s)", flush=True)
     try:
         await voice.warm_up()
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
@@ -347,6 +352,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         args.out.write_text(json.dumps({"partial": True, "rows": rows},
                                                        indent=2))
         stats = dataclasses.asdict(voice.runtime.engine.stats())
+        head = getattr(getattr(voice.runtime.engine, "config", None), "head", None)
+        stats["logits_head_ids"] = head.head_size if head is not None else None
     finally:
         await voice.close()
         if tmp is not None:

@@ -55,6 +55,7 @@ from rtserver.engine.base import (
     SingleCodebookEngine,
     TokenRequest,
 )
+from rtserver.engine.head_vocab import HeadVocab
 from rtserver.engine.quantization import (
     check_setting,
     declared_quantization,
@@ -135,6 +136,15 @@ class OrpheusConfig:
     # an H200, bench/results/h200-orpheus-v2-2026-12-02), "mask" for vLLM's dummy
     # weights, which write any token.
     token_guard: str = "auto"
+    # "auto" | "on" | "off": vLLM computes logits for the audio tokens and the
+    # end tokens only (28,674 of 156,940 ids, engine/vllm_head.py), so its
+    # lm_head and sampler (penalties, temperature, top-p, sampling) read 18 %
+    # of the vocabulary; the model can then write nothing but audio and an end.
+    # "auto": on where vLLM runs its V2 model runner (a CUDA GPU, Triton) and
+    # token_guard resolves to "none", with one GPU, LoRA off and no quantized
+    # checkpoint; "on" elsewhere (vLLM's V1 runner: the CPU) needs
+    # repetition_penalty 1.0.
+    audio_head: str = "auto"
     # An audio token of the wrong slot (possible unless token_guard is "mask"):
     # "reslot" takes its code for the right slot (counted), "fail" fails the
     # context with engine_failed. A token that is not audio always fails it.
@@ -198,6 +208,7 @@ class OrpheusConfig:
             raise ValueError(f"max_loras {self.max_loras} must be from 1 to max_adapters "
                              f"({self.max_adapters})")
         for name, allowed in (("token_guard", ("auto", "mask", "allowed", "none")),
+                              ("audio_head", ("auto", "on", "off")),
                               ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny")),
                               ("engine_process", ("separate", "inproc")),
                               ("kv_cache_dtype", KV_CACHE_DTYPES)):
@@ -569,6 +580,46 @@ def _resolve_model_dir(cfg: OrpheusConfig) -> tuple[str, str | None]:
     return tmp, tmp
 
 
+def _v2_runner_usable() -> bool:
+    """Whether vLLM would run its V2 model runner here: a CUDA GPU and Triton
+    (vLLM 0.26 ``VllmConfig.use_v2_model_runner`` for a dense model)."""
+    import importlib.util
+
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+
+
+def _resolve_head(cfg: OrpheusConfig, guard: str, model_dir: str
+                  ) -> tuple[HeadVocab | None, bool]:
+    """``[orpheus] audio_head`` resolved: the head (or None) and whether it
+    must run without penalties (vLLM's V1 runner). ``ConfigError`` for "on"
+    where it cannot run."""
+    if cfg.audio_head == "off":
+        return None, False
+    on = cfg.audio_head == "on"
+    why = ("token_guard resolves to " + repr(guard) if guard != "none"
+           else "tensor_parallel_size is not 1" if cfg.tensor_parallel_size != 1
+           else "LoRA is on" if cfg.lora_on
+           else "the checkpoint is quantized" if cfg.quantization not in ("", "fp8")
+           or declared_quantization(model_dir) is not None
+           else "")
+    if why:
+        if on:
+            raise ConfigError(f"[orpheus] audio_head 'on': {why}")
+        return None, False
+    v2 = _v2_runner_usable()
+    if not v2 and not on:
+        return None, False
+    if not v2 and cfg.sampling.repetition_penalty != 1.0:
+        raise ConfigError("[orpheus] audio_head 'on' without a CUDA GPU and Triton (vLLM's V1 "
+                          "model runner) needs sampling repetition_penalty 1.0")
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    head = HeadVocab.of([*range(ot.AUDIO_TOKENS_START, ot.AUDIO_TOKENS_END),
+                         *ot.STOP_TOKEN_IDS], int(config["vocab_size"]))
+    return head, not v2
+
+
 async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
     from tokenizers import Tokenizer
 
@@ -584,6 +635,7 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
         guard = "mask" if cfg.dummy_weights else "none"
     model_dir, temp_dir = _resolve_model_dir(cfg)
     try:
+        head, head_without_penalties = _resolve_head(cfg, guard, model_dir)
         tokenizer = await asyncio.to_thread(Tokenizer.from_file,
                                             str(Path(model_dir) / "tokenizer.json"))
         engine = VllmEngine(VllmEngineConfig(
@@ -600,6 +652,7 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
             stream_interval=cfg.stream_interval,
             max_loras=cfg.max_loras if cfg.lora_on else 0, max_lora_rank=cfg.max_lora_rank,
             max_adapters=cfg.max_adapters, profile_dir=cfg.profile_dir,
+            head=head, head_without_penalties=head_without_penalties,
             engine_process=cfg.engine_process))  # type: ignore[arg-type]
         snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
         if snac_dir is None and not cfg.dummy_weights:

@@ -1,0 +1,22 @@
+"""rtserver's vLLM plugin (entry point group ``vllm.general_plugins``): vLLM
+calls ``register`` in every process it starts, its EngineCore included, so the
+architecture below resolves there too. Registered by name only (vLLM imports
+``engine/vllm_head.py`` when a model asks for it), so loading the plugin
+imports neither torch nor vLLM's model code.
+"""
+
+from __future__ import annotations
+
+HEAD_ARCHITECTURE = "RtserverHeadLlamaForCausalLM"
+HEAD_CLASS = "rtserver.engine.vllm_head:HeadLlamaForCausalLM"
+# hf_overrides keys the head model reads from its config
+HF_HEAD_RANGES = "rtserver_head_ranges"
+HF_HEAD_ALLOW_V1 = "rtserver_head_allow_v1"
+
+
+def register() -> None:
+    """Register the head architecture with vLLM's model registry (idempotent)."""
+    from vllm import ModelRegistry
+
+    if HEAD_ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(HEAD_ARCHITECTURE, HEAD_CLASS)
