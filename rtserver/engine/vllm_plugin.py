@@ -12,6 +12,18 @@ HEAD_CLASS = "rtserver.engine.vllm_head:HeadLlamaForCausalLM"
 # hf_overrides keys the head model reads from its config
 HF_HEAD_RANGES = "rtserver_head_ranges"
 HF_HEAD_ALLOW_V1 = "rtserver_head_allow_v1"
+ENTRY_POINT_GROUP = "vllm.general_plugins"
+ENTRY_POINT_VALUE = "rtserver.engine.vllm_plugin:register"
+
+
+def installed() -> bool:
+    """Whether vLLM's other processes will find ``register``: the entry point
+    is in an installed distribution's metadata (a tree run from PYTHONPATH
+    without one would fail in the EngineCore with an unknown architecture)."""
+    import importlib.metadata
+
+    return any(ep.value == ENTRY_POINT_VALUE
+               for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
 def register() -> None:

@@ -141,3 +141,19 @@ def test_on_without_the_v2_runner_serves_without_penalties(
 def test_audio_head_setting_is_checked() -> None:
     with pytest.raises(ValueError, match="audio_head 'yes' is not one of auto, on, off"):
         OrpheusConfig(audio_head="yes").check()
+
+
+def test_the_plugin_is_installed_with_rtserver() -> None:
+    from rtserver.engine import vllm_plugin
+
+    assert vllm_plugin.installed()  # pyproject's entry point, as vLLM's processes find it
+
+
+def test_without_the_plugin_installed_auto_is_off_and_on_says_so(
+        model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rtserver.engine import vllm_plugin
+
+    monkeypatch.setattr(vllm_plugin, "installed", lambda: False)
+    assert _resolve(OrpheusConfig(), model_dir, v2=True, monkeypatch=monkeypatch) == (None, False)
+    with pytest.raises(ConfigError, match=r"plugin .* is not installed"):
+        _resolve(OrpheusConfig(audio_head="on"), model_dir, v2=True, monkeypatch=monkeypatch)

@@ -608,6 +608,14 @@ def _resolve_head(cfg: OrpheusConfig, guard: str, model_dir: str
         if on:
             raise ConfigError(f"[orpheus] audio_head 'on': {why}")
         return None, False
+    from rtserver.engine import vllm_plugin
+
+    if not vllm_plugin.installed():
+        if on:
+            raise ConfigError("[orpheus] audio_head 'on': rtserver's vLLM plugin (entry point "
+                              f"{vllm_plugin.ENTRY_POINT_GROUP}) is not installed: install "
+                              "rtserver (pip install .)")
+        return None, False
     v2 = _v2_runner_usable()
     if not v2 and not on:
         return None, False
