@@ -53,14 +53,16 @@ class HeadVocab:
 
     ranges: tuple[tuple[int, int], ...]
     size: int
-    _order: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    _head: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _inverse: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         order = vocab_order(self.ranges, self.size)
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size, dtype=np.int64)
-        object.__setattr__(self, "_order", order)
+        # Python ints: from_model runs on every delta of every stream (a few
+        # ids each), where indexing a tuple beats a round trip through numpy
+        object.__setattr__(self, "_head", tuple(int(t) for t in order[:self.head_size]))
         object.__setattr__(self, "_inverse", inverse)
 
     @classmethod
@@ -79,13 +81,12 @@ class HeadVocab:
     def from_model(self, ids: Sequence[int]) -> list[int]:
         """Ids the model wrote (each below ``head_size``) in the old numbering;
         ``ValueError`` for one outside the head."""
-        if not ids:
-            return []
-        arr = np.asarray(ids, dtype=np.int64)
-        if arr.min() < 0 or arr.max() >= self.head_size:
-            raise ValueError(f"model wrote id {int(arr.max())} outside its head of "
-                             f"{self.head_size}")
-        return [int(t) for t in self._order[arr]]
+        head = self._head
+        try:
+            return [head[t] if t >= 0 else head[len(head)] for t in ids]
+        except IndexError:
+            raise ValueError(f"model wrote an id outside its head of {len(head)}: "
+                             f"{list(ids)}") from None
 
     def in_head(self, old_id: int) -> bool:
         return any(lo <= old_id < hi for lo, hi in self.ranges)
