@@ -18,6 +18,11 @@ DELTA streams of token ids out.
   to the voice and lets vLLM pick the V2 runner, whose penalties and sampling
   run on the GPU: on an H200 at 128 streams, Orpheus-3B shapes, 23.5k tokens/s
   against 16.9k with the mask on V1 (bench/results/h200-orpheus-v2-2026-12-02).
+- Logits head (``head``, engine/head_vocab.py and engine/vllm_head.py): the
+  model computes logits for a few ids only (Orpheus' audio and end tokens);
+  its vocabulary is renumbered head first, so prompts and stop ids are mapped
+  on the way in and every delta on the way out: callers keep the
+  checkpoint's ids.
 - LoRA (``max_loras`` > 0): each request may carry an ``Adapter``, sent as its
   ``LoRARequest``; vLLM batches up to ``max_loras`` adapters in one step.
   ``add_adapter`` loads an adapter through vLLM's ``add_lora`` first, which

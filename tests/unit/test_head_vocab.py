@@ -157,3 +157,28 @@ def test_without_the_plugin_installed_auto_is_off_and_on_says_so(
     assert _resolve(OrpheusConfig(), model_dir, v2=True, monkeypatch=monkeypatch) == (None, False)
     with pytest.raises(ConfigError, match=r"plugin .* is not installed"):
         _resolve(OrpheusConfig(audio_head="on"), model_dir, v2=True, monkeypatch=monkeypatch)
+
+
+def test_engine_maps_stop_ids_clamps_top_k_and_refuses_what_the_head_cannot_serve() -> None:
+    pytest.importorskip("vllm")
+    from rtserver.engine.base import TokenRequest
+    from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from rtserver.errors import EngineFailed
+
+    head = HeadVocab.of([*range(50, 60), 7], 100)
+    request = TokenRequest(request_id="r", prompt_token_ids=(1, 2, 55), max_tokens=8,
+                           sampling=SamplingSettings(top_k=50), stop_token_ids=(7,))
+    params = VllmEngine(VllmEngineConfig(model="m", token_guard="none", head=head)
+                        ).sampling_params(request)
+    assert params.stop_token_ids == [0] and params.top_k == head.head_size == 11
+    with pytest.raises(EngineFailed, match="outside the model's logits head"):
+        VllmEngine(VllmEngineConfig(model="m", token_guard="none", head=head)).sampling_params(
+            TokenRequest(request_id="r", prompt_token_ids=(1,), max_tokens=8,
+                         sampling=SamplingSettings(), stop_token_ids=(8,)))
+    without = VllmEngine(VllmEngineConfig(model="m", token_guard="none", head=head,
+                                          head_without_penalties=True))
+    with pytest.raises(EngineFailed, match="no repetition penalty"):
+        without.sampling_params(request)
+    ok = TokenRequest(request_id="r", prompt_token_ids=(1,), max_tokens=8,
+                      sampling=SamplingSettings(repetition_penalty=1.0), stop_token_ids=(7,))
+    assert without.sampling_params(ok).repetition_penalty == 1.0
