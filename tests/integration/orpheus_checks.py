@@ -23,10 +23,11 @@ from rtserver.voices.base import SynthesisRequest
 from rtserver.voices.orpheus import codes as ot
 from rtserver.voices.orpheus.voice import OrpheusVoice
 
-# Dummy weights never end speech, so a segment runs to its token budget: 24 frames
-# (169 tokens, ~2 s of audio) keep each test's generation short on 2 cores
-# (~25 ms a step) and still several chunks long.
-BUDGET = ot.TokenBudget(max_frames=24)
+# Dummy weights never end speech, so a segment runs to its token budget: 12 frames
+# (85 tokens, ~1 s of audio) keep each test's generation short on 2 cores
+# (~25-45 ms a step) and still several chunks long (the first chunk is one frame,
+# and they grow: 1, 2, 4, 5).
+BUDGET = ot.TokenBudget(max_frames=12)
 LONG_TEXT = ("This sentence is long enough that its token budget runs to thousands of "
              "tokens, far more than the test lets it generate before it cancels. ") * 3
 

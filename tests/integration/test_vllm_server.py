@@ -46,8 +46,8 @@ def orpheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerT
                  "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
                  "max_num_seqs": 8,
                  # dummy weights never end speech: each reply runs to its token budget,
-                 # 24 frames (169 tokens, ~2 s of audio) on 2 cores' ~25 ms a step
-                 "budget.max_frames": 24},
+                 # check.BUDGET's 12 frames (85 tokens, ~1 s of audio)
+                 "budget.max_frames": check.BUDGET.max_frames},
     ).start(timeout=600)
     yield srv
     srv.stop()
