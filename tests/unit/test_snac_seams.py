@@ -225,14 +225,15 @@ def test_real_shape_exact_seams_bfloat16() -> None:
     # bf16 on the real shape: exact seams -25.5 dB at worst (measure seams --dtype).
     # A CPU without bf16 instructions (AVX2 only) convolves bf16 on torch's slow
     # path, ~20x float32 (60 frames and both plans took 159 s of the suite there):
-    # the exact plan with chunks of at most 4 frames over 14 frames: 3 seams for 41
-    # frames decoded (its own chunks over 30 frames: 73; on this suite's AVX2 CPU both
-    # gave seams at -137.8 dB, equal to float rounding); the default plan's
-    # approximate first seam is the plan's, checked in float32 above.
+    # the exact plan with chunks of at most 3 frames over 9 frames: 3 seams for 31
+    # frames decoded, the full decode's 9 included (chunks of 4 over 14 frames: 41;
+    # its own chunks over 30 frames: 73; on this suite's AVX2 CPU all gave seams at
+    # -137.8 dB, equal to float rounding); the default plan's approximate first seam
+    # is the plan's, checked in float32 above.
     # float16 convolutions are minutes on a CPU: measured instead, 30 frames,
     # exact seams -44.7 dB at worst (measure seams --shape 24khz --dtype float16)
-    plan = replace(EXACT_PLAN, max_chunk_frames=4)
-    report = seam_report(_real_decoder("bfloat16"), random_codes(14, seed=1), plan)
+    plan = replace(EXACT_PLAN, max_chunk_frames=3)
+    report = seam_report(_real_decoder("bfloat16"), random_codes(9, seed=1), plan)
     assert len(report.seam_db) >= 3 and report.worst_db < DTYPE_FLOOR_DB["bfloat16"]
 
 
