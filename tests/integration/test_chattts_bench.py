@@ -37,11 +37,11 @@ def test_phases_on_cpu(tmp_path: Path) -> None:
     assert [lv["streams"] for lv in levels] == [1, 2]
     assert all(lv["steps_per_s_total"] > 0 for lv in levels)
     try:
-        phase("start", *common, "--single-s", "3")
+        phase("start", *common, "--single-s", "1")
         single = read_results(out / "single")
         done = [s for s in single["samples"] if s["outcome"] == "done"]
         assert done and all(s["voice"] == "chattts:seed_1" for s in done if "voice" in s)
-        phase("burst", *common, "--levels", "2", "--duration", "3")
+        phase("burst", *common, "--levels", "2", "--duration", "1")
         burst = read_results(out / "burst")
         assert not [s for s in burst["samples"] if s["outcome"] in ("error", "failed")]
         metrics = phase("metrics", *common)
