@@ -62,7 +62,8 @@ class HeadVocab:
         inverse[order] = np.arange(order.size, dtype=np.int64)
         # Python ints: from_model runs on every delta of every stream (a few
         # ids each), where indexing a tuple beats a round trip through numpy
-        object.__setattr__(self, "_head", tuple(int(t) for t in order[:self.head_size]))
+        k = sum(hi - lo for lo, hi in self.ranges)
+        object.__setattr__(self, "_head", tuple(int(t) for t in order[:k]))
         object.__setattr__(self, "_inverse", inverse)
 
     @classmethod
@@ -72,7 +73,7 @@ class HeadVocab:
 
     @property
     def head_size(self) -> int:
-        return sum(hi - lo for lo, hi in self.ranges)
+        return len(self._head)
 
     def to_model(self, ids: Sequence[int]) -> list[int]:
         """Old ids (a prompt, stop ids) in the model's numbering."""
@@ -82,7 +83,7 @@ class HeadVocab:
         """Ids the model wrote (each below ``head_size``) in the old numbering;
         ``ValueError`` for one outside the head."""
         head = self._head
-        try:
+        try:  # a negative id indexes past the end too: refused like one past K
             return [head[t] if t >= 0 else head[len(head)] for t in ids]
         except IndexError:
             raise ValueError(f"model wrote an id outside its head of {len(head)}: "

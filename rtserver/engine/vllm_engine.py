@@ -131,24 +131,50 @@ class VllmEngineConfig:
     profile_dir: str = ""
     # Logits for these ids only (engine/vllm_head.py): the model's vocabulary is
     # renumbered head first; prompts, stop ids and outputs are mapped here, so
-    # requests and deltas keep the checkpoint's ids. Needs token_guard "none",
-    # tensor_parallel_size 1 and LoRA off; None: the whole vocabulary.
+    # requests and deltas keep the checkpoint's ids. Only where ``head_refusal``
+    # finds nothing; None: the whole vocabulary.
     head: HeadVocab | None = None
     # vLLM's V1 model runner (the CPU's) cannot serve a head with penalties:
     # True lets the head model start there and refuses requests with a
     # repetition penalty (the CPU tests' setting).
     head_without_penalties: bool = False
 
-    def check(self) -> None:
-        """Cross-field checks; ``ConfigError`` naming the conflict."""
-        if self.head is None:
-            return
-        if self.token_guard != "none":
-            raise ConfigError(f"a logits head needs token_guard 'none', not "
-                              f"{self.token_guard!r} (the head already keeps out every "
-                              "other id)")
-        if self.tensor_parallel_size != 1 or self.max_loras > 0:
-            raise ConfigError("a logits head needs tensor_parallel_size 1 and LoRA off")
+
+
+def head_refusal(config: VllmEngineConfig) -> str:
+    """Why a logits head (``VllmEngineConfig.head``) cannot serve these
+    settings, "" when it can: the head model (engine/vllm_head.py) keeps out
+    every other id itself, and its reordered rows assume one GPU, no LoRA and
+    an unquantized embedding (a checkpoint's own quantization, or a method
+    other than fp8, which leaves the embedding alone)."""
+    if config.token_guard != "none":
+        return f"token_guard is {config.token_guard!r}, not 'none'"
+    if config.tensor_parallel_size != 1:
+        return "tensor_parallel_size is not 1"
+    if config.max_loras > 0:
+        return "LoRA is on"
+    if config.quantization not in ("", "fp8"):
+        return f"quantization is {config.quantization!r}"
+    try:
+        declared = declared_quantization(config.model)
+    except ValueError as exc:
+        return str(exc)
+    return f"the checkpoint is quantized ({declared})" if declared is not None else ""
+
+
+def v2_model_runner_expected() -> bool:
+    """Whether vLLM will run its V2 model runner for a dense model here, by
+    vLLM's own rule (0.26 ``VllmConfig.use_v2_model_runner``): the
+    ``VLLM_USE_V2_MODEL_RUNNER`` override if set, else a CUDA GPU with
+    Triton usable (``vllm.triton_utils.HAS_TRITON``)."""
+    import torch
+    import vllm.envs as envs
+    from vllm.triton_utils import HAS_TRITON
+
+    forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    if forced is not None:
+        return bool(forced)
+    return bool(HAS_TRITON) and torch.cuda.is_available()
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,9 +384,10 @@ class VllmEngine:
 
     def engine_args(self) -> AsyncEngineArgs:
         c = self.config
-        c.check()
         if not os.path.isdir(c.model):
             raise ConfigError(f"model folder {c.model} does not exist")
+        if c.head is not None and (why := head_refusal(c)):
+            raise ConfigError(f"a logits head cannot serve model {c.model}: {why}")
         kwargs: dict[str, Any] = {}
         quantization = self.quantization()
         if quantization is not None:

@@ -3,6 +3,7 @@ and ``[orpheus] audio_head``'s resolution (when it runs, when it refuses)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -69,18 +70,28 @@ def test_orpheus_head_is_its_audio_and_end_tokens() -> None:
 
 # --- the engine's checks -------------------------------------------------------
 
-def test_engine_config_refuses_a_head_with_a_mask_lora_or_tensor_parallel() -> None:
+def test_engine_refuses_a_head_with_a_mask_lora_tensor_parallel_or_quantization(
+        tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    from rtserver.engine.vllm_engine import VllmEngineConfig
+    from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig, head_refusal
 
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 100}))
     head = HeadVocab.of(range(10), 100)
-    VllmEngineConfig(model="m", token_guard="none", head=head).check()
-    for bad in ({"token_guard": "mask"}, {"token_guard": "allowed"}):
-        with pytest.raises(ConfigError, match="token_guard 'none'"):
-            VllmEngineConfig(model="m", head=head, **bad).check()  # type: ignore[arg-type]
-    for bad2 in ({"tensor_parallel_size": 2}, {"max_loras": 1}):
-        with pytest.raises(ConfigError, match="LoRA off"):
-            VllmEngineConfig(model="m", token_guard="none", head=head, **bad2).check()
+    ok = VllmEngineConfig(model=str(tmp_path), token_guard="none", head=head)
+    assert head_refusal(ok) == ""
+    VllmEngine(ok).engine_args()
+    for bad, why in (({"token_guard": "mask"}, "token_guard is 'mask', not 'none'"),
+                     ({"token_guard": "allowed"}, "token_guard is 'allowed', not 'none'"),
+                     ({"tensor_parallel_size": 2}, "tensor_parallel_size is not 1"),
+                     ({"max_loras": 1}, "LoRA is on"),
+                     ({"quantization": "awq"}, "quantization is 'awq'")):
+        config = dataclasses.replace(ok, **bad)
+        assert head_refusal(config) == why
+        with pytest.raises(ConfigError, match="a logits head cannot serve"):
+            VllmEngine(config).engine_args()
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"vocab_size": 100, "quantization_config": {"quant_method": "gptq"}}))
+    assert head_refusal(ok) == "the checkpoint is quantized (gptq)"
 
 
 # --- [orpheus] audio_head ---------------------------------------------------------
@@ -93,8 +104,15 @@ def model_dir(tmp_path: Path) -> str:
 
 def _resolve(cfg: OrpheusConfig, model_dir: str, *, v2: bool, guard: str = "none",
              monkeypatch: pytest.MonkeyPatch) -> tuple[HeadVocab | None, bool]:
-    monkeypatch.setattr(orpheus_voice, "_v2_runner_usable", lambda: v2)
-    return orpheus_voice._resolve_head(cfg, guard, model_dir)
+    """(head, without penalties) as the voice resolves ``cfg`` with vLLM's V2
+    runner expected or not."""
+    pytest.importorskip("vllm")
+    from rtserver.engine import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "v2_model_runner_expected", lambda: v2)
+    engine = orpheus_voice._resolve_head(cfg, orpheus_voice._engine_config(cfg, guard,
+                                                                           model_dir))
+    return engine.head, engine.head_without_penalties
 
 
 def test_auto_is_on_where_vllm_runs_its_v2_runner(model_dir: str,
@@ -121,7 +139,7 @@ def test_auto_is_off_where_the_head_cannot_serve(changes: dict[str, object], gua
 
 
 def test_on_says_why_it_cannot_serve(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="token_guard resolves to 'mask'"):
+    with pytest.raises(ConfigError, match="token_guard is 'mask', not 'none'"):
         _resolve(OrpheusConfig(audio_head="on"), model_dir, v2=True, guard="mask",
                  monkeypatch=monkeypatch)
     with pytest.raises(ConfigError, match="LoRA is on"):

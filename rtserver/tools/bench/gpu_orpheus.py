@@ -352,7 +352,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         args.out.write_text(json.dumps({"partial": True, "rows": rows},
                                                        indent=2))
         stats = dataclasses.asdict(voice.runtime.engine.stats())
-        head = getattr(getattr(voice.runtime.engine, "config", None), "head", None)
         stats["logits_head_ids"] = head.head_size if head is not None else None
     finally:
         await voice.close()

@@ -76,6 +76,8 @@ CONTROLS = SpeechControls()
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from rtserver.engine.vllm_engine import VllmEngineConfig
+
 log = logging.getLogger(__name__)
 
 FAMILY = "orpheus"
@@ -580,58 +582,60 @@ def _resolve_model_dir(cfg: OrpheusConfig) -> tuple[str, str | None]:
     return tmp, tmp
 
 
-def _v2_runner_usable() -> bool:
-    """Whether vLLM would run its V2 model runner here: a CUDA GPU and Triton
-    (vLLM 0.26 ``VllmConfig.use_v2_model_runner`` for a dense model)."""
-    import importlib.util
+def _engine_config(cfg: OrpheusConfig, guard: str, model_dir: str) -> VllmEngineConfig:
+    """The vLLM engine's settings for ``cfg`` (token guard resolved), no head yet."""
+    from rtserver.engine.vllm_engine import VllmEngineConfig
 
-    import torch
+    return VllmEngineConfig(
+        model=model_dir, dummy_weights=cfg.dummy_weights, dtype=cfg.dtype,
+        quantization=cfg.quantization,
+        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+        priority_scheduling=cfg.priority_scheduling,
+        token_guard=guard,  # type: ignore[arg-type]
+        tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,
+        stream_interval=cfg.stream_interval,
+        max_loras=cfg.max_loras if cfg.lora_on else 0, max_lora_rank=cfg.max_lora_rank,
+        max_adapters=cfg.max_adapters, profile_dir=cfg.profile_dir,
+        engine_process=cfg.engine_process)  # type: ignore[arg-type]
 
-    return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
+def _resolve_head(cfg: OrpheusConfig, engine: VllmEngineConfig) -> VllmEngineConfig:
+    """``engine`` with ``[orpheus] audio_head`` resolved into it: the head of
+    the audio and end tokens where it can serve (``head_refusal``, the plugin
+    installed, and vLLM's V2 model runner or no repetition penalty), else
+    unchanged; ``ConfigError`` for "on" where it cannot run."""
+    from rtserver.engine import vllm_plugin
+    from rtserver.engine.vllm_engine import head_refusal, v2_model_runner_expected
 
-def _resolve_head(cfg: OrpheusConfig, guard: str, model_dir: str
-                  ) -> tuple[HeadVocab | None, bool]:
-    """``[orpheus] audio_head`` resolved: the head (or None) and whether it
-    must run without penalties (vLLM's V1 runner). ``ConfigError`` for "on"
-    where it cannot run."""
     if cfg.audio_head == "off":
-        return None, False
+        return engine
     on = cfg.audio_head == "on"
-    why = ("token_guard resolves to " + repr(guard) if guard != "none"
-           else "tensor_parallel_size is not 1" if cfg.tensor_parallel_size != 1
-           else "LoRA is on" if cfg.lora_on
-           else "the checkpoint is quantized" if cfg.quantization not in ("", "fp8")
-           or declared_quantization(model_dir) is not None
-           else "")
+    why = head_refusal(engine) or ("" if vllm_plugin.installed() else
+                                   "rtserver's vLLM plugin (entry point "
+                                   f"{vllm_plugin.ENTRY_POINT_GROUP}) is not installed: "
+                                   "install rtserver (pip install .)")
+    v2 = not why and v2_model_runner_expected()
+    if not why and not v2 and (not on or cfg.sampling.repetition_penalty != 1.0):
+        why = ("vLLM's V1 model runner (no CUDA GPU with Triton) serves it only with "
+               "sampling repetition_penalty 1.0")
     if why:
         if on:
             raise ConfigError(f"[orpheus] audio_head 'on': {why}")
-        return None, False
-    from rtserver.engine import vllm_plugin
-
-    if not vllm_plugin.installed():
-        if on:
-            raise ConfigError("[orpheus] audio_head 'on': rtserver's vLLM plugin (entry point "
-                              f"{vllm_plugin.ENTRY_POINT_GROUP}) is not installed: install "
-                              "rtserver (pip install .)")
-        return None, False
-    v2 = _v2_runner_usable()
-    if not v2 and not on:
-        return None, False
-    if not v2 and cfg.sampling.repetition_penalty != 1.0:
-        raise ConfigError("[orpheus] audio_head 'on' without a CUDA GPU and Triton (vLLM's V1 "
-                          "model runner) needs sampling repetition_penalty 1.0")
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        return engine
+    config = json.loads((Path(engine.model) / "config.json").read_text(encoding="utf-8"))
     head = HeadVocab.of([*range(ot.AUDIO_TOKENS_START, ot.AUDIO_TOKENS_END),
                          *ot.STOP_TOKEN_IDS], int(config["vocab_size"]))
-    return head, not v2
+    return dataclasses.replace(engine, head=head, head_without_penalties=not v2)
 
 
 async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
     from tokenizers import Tokenizer
 
-    from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from rtserver.engine.vllm_engine import VllmEngine
     from rtserver.voices.orpheus.snac_stream import SnacVocoder
 
     try:
@@ -643,25 +647,9 @@ async def _build_runtime(cfg: OrpheusConfig) -> OrpheusRuntime:
         guard = "mask" if cfg.dummy_weights else "none"
     model_dir, temp_dir = _resolve_model_dir(cfg)
     try:
-        head, head_without_penalties = _resolve_head(cfg, guard, model_dir)
         tokenizer = await asyncio.to_thread(Tokenizer.from_file,
                                             str(Path(model_dir) / "tokenizer.json"))
-        engine = VllmEngine(VllmEngineConfig(
-            model=model_dir, dummy_weights=cfg.dummy_weights, dtype=cfg.dtype,
-            quantization=cfg.quantization,
-            max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,
-            kv_cache_dtype=cfg.kv_cache_dtype,
-            enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-            priority_scheduling=cfg.priority_scheduling,
-            token_guard=guard,  # type: ignore[arg-type]
-            tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,
-            stream_interval=cfg.stream_interval,
-            max_loras=cfg.max_loras if cfg.lora_on else 0, max_lora_rank=cfg.max_lora_rank,
-            max_adapters=cfg.max_adapters, profile_dir=cfg.profile_dir,
-            head=head, head_without_penalties=head_without_penalties,
-            engine_process=cfg.engine_process))  # type: ignore[arg-type]
+        engine = VllmEngine(_resolve_head(cfg, _engine_config(cfg, guard, model_dir)))
         snac_dir = Path(cfg.snac_dir) if cfg.snac_dir else None
         if snac_dir is None and not cfg.dummy_weights:
             raise ConfigError("Orpheus needs a SNAC folder (orpheus snac_dir), or dummy weights")
