@@ -20,6 +20,7 @@ OUT=${OUT:?OUT: where the results go}; SRV=${SRV:-.gpu/srv2}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
   PYTHONPATH=/tmp/site python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
   ls -la /tmp/site/bin/py-spy
+  PYTHONPATH=.:/tmp/site python3 -m rtserver.tools.measure.host_cpu  # one-thread speed, steal
 } > $OUT/env.txt 2>&1
 OUT=$OUT PROFILE=${PROFILE:-0} LEVELS=${ENGINE_LEVELS:-1x128,256x512} bash bench/gpu/run_chattts_engine_ab.sh > $OUT/ab.log 2>&1
 grep -E '^(engine|  \{)' $OUT/ab.log; echo "engine part done ($(( $(date +%s) - T0 )) s)"

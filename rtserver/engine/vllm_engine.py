@@ -108,6 +108,12 @@ class VllmEngineConfig:
     # halves what a decode step's attention reads per cached token.
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    # vLLM's CompilationConfig.cudagraph_mode by name (e.g. "FULL"), or "auto":
+    # vLLM's own choice (FULL_AND_PIECEWISE on a GPU: a step that holds a prefill
+    # runs piecewise, attention outside the graphs). vLLM itself falls back where
+    # the attention backend cannot capture a mode (FULL for mixed batches needs
+    # FlashAttention 3: H100/H200).
+    cudagraph_mode: str = "auto"
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
     token_guard: TokenGuard = "mask"
@@ -185,6 +191,10 @@ class StepCounters:
     generation_tokens: int
     itl_sum_s: float  # sum of per-request inter-token latencies
     itl_count: int
+    # of ``steps``, those that gave a request its first token (its prefill ended
+    # there): a batch of prefill and decode, which vLLM's default graph mode
+    # (FULL_AND_PIECEWISE) runs piecewise
+    prefill_steps: int = 0
 
     def since(self, earlier: StepCounters) -> dict[str, float]:
         """Over the window from ``earlier``: steps, tokens per step (the decode
@@ -193,9 +203,11 @@ class StepCounters:
         steps = self.steps - earlier.steps
         tokens = self.generation_tokens - earlier.generation_tokens
         n = self.itl_count - earlier.itl_count
+        prefill = self.prefill_steps - earlier.prefill_steps
         return {"steps": steps, "tokens_per_step": round(tokens / steps, 2) if steps else 0.0,
                 "step_ms": round(1e3 * (self.itl_sum_s - earlier.itl_sum_s) / n, 3)
-                if n else 0.0}
+                if n else 0.0,
+                "prefill_step_share": round(prefill / steps, 3) if steps else 0.0}
 
 
 # --- logits processor (runs in vLLM's worker process) -----------------------
@@ -323,6 +335,7 @@ class _LiveStats:
         # vLLM's per-request inter-token latencies, one per running request per
         # engine step: under steady decoding their mean is the decode step time
         self.steps = 0  # iterations that generated tokens
+        self.prefill_steps = 0  # of them, those with a request's first token
         self.itl_sum = 0.0
         self.itl_n = 0
 
@@ -352,6 +365,9 @@ class _StatSink(StatLoggerBase):
             live.preemptions += iteration_stats.num_preempted_reqs
             if iteration_stats.num_generation_tokens:
                 live.steps += 1
+                # (vLLM counts a prompt's tokens with its request's first token)
+                if iteration_stats.num_prompt_tokens:
+                    live.prefill_steps += 1
             # (an attribute of vLLM's IterationStats since its V1 metrics; read
             # defensively: an error here would stop vLLM's output handler)
             itl = getattr(iteration_stats, "inter_token_latencies_iter", ())
@@ -396,6 +412,8 @@ class VllmEngine:
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_gib * GiB)
         if c.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+        if c.cudagraph_mode != "auto":
+            kwargs["compilation_config"] = {"cudagraph_mode": c.cudagraph_mode}
         if c.token_guard == "mask":
             kwargs["logits_processors"] = [CyclicMaskLogitsProcessor]
         if c.head is not None:
@@ -700,7 +718,8 @@ class VllmEngine:
         decode step time (``StepCounters.since``)."""
         live = self._live
         return StepCounters(steps=live.steps, generation_tokens=live.generation_tokens,
-                            itl_sum_s=live.itl_sum, itl_count=live.itl_n)
+                            itl_sum_s=live.itl_sum, itl_count=live.itl_n,
+                            prefill_steps=live.prefill_steps)
 
     def unfinished_requests(self) -> int:
         """Requests vLLM's frontend still tracks (0 once every abort landed)."""

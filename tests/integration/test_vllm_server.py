@@ -162,6 +162,9 @@ async def test_two_orpheus_contexts_at_once(orpheus_server: ServerThread) -> Non
     assert ra.started.voice == "orpheus:tara" and rb.started.voice == "orpheus:leo"
     assert ra.frame_count > 0 and rb.frame_count > 0
     assert metric(orpheus_server, "rtserver_engine_requests_total") >= 2
+    # vLLM's steps, and those that gave a request its first token (each request had one)
+    prefill = metric(orpheus_server, "rtserver_engine_vllm_prefill_steps_total")
+    assert 1 <= prefill < metric(orpheus_server, "rtserver_engine_vllm_steps_total")
 
 
 def test_the_dashboards_engine_metrics_are_served(orpheus_server: ServerThread) -> None:

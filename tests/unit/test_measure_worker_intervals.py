@@ -69,23 +69,47 @@ rtserver_engine_vocoder_windows_total{{engine="vllm"}} {windows}
 rtserver_engine_vocoder_first_lane_calls_total{{engine="vllm"}} {first}
 rtserver_engine_vocoder_decode_seconds_total{{engine="vllm"}} {dec}
 rtserver_engine_running_requests{{engine="vllm"}} {running}
+rtserver_engine_vllm_steps_total{{engine="vllm"}} {steps}
+rtserver_engine_vllm_prefill_steps_total{{engine="vllm"}} {prefill}
 """
 
 
 def test_a_vllm_worker_gets_tokens_and_vocoder_columns(capsys: pytest.CaptureFixture[str],
                                                         tmp_path: Path) -> None:
-    """Orpheus' worker counts tokens, not steps: its scrapes are kept and its
-    table shows tokens a second and the vocoder's calls."""
+    """Orpheus' worker counts tokens and vLLM's steps, not the torch engine's:
+    its scrapes are kept and its table shows tokens a second, vLLM's steps a
+    second and the share that held a prefill, and the vocoder's calls."""
     path = tmp_path / "m.txt"
     path.write_text(VLLM_SCRAPE.format(t=0.0, tokens=0, calls=0, windows=0, first=0, dec=0.0,
-                                       running=0)
+                                       running=0, steps=10, prefill=5)
                     + VLLM_SCRAPE.format(t=2.0, tokens=16_000, calls=150, windows=450, first=40,
-                                         dec=1.8, running=120))
+                                         dec=1.8, running=120, steps=210, prefill=155))
     (row,) = wi.intervals(wi.parse(path.read_text().splitlines()))
     assert row.tokens_per_s == 8000.0 and row.decoder_calls_per_s == 75.0
     assert row.windows_per_call == 3.0 and row.first_lane_calls_per_s == 20.0
     assert row.decoder_s_per_s == pytest.approx(0.9) and row.steps_per_s == 0.0
+    assert row.vllm_steps_per_s == 100.0 and row.vllm_prefill_share == 0.75
     wi.main([str(path)])
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| end s | tokens/s | vocoder calls/s")
-    assert out[2] == "| 2 | 8000 | 75.0 | 3.0 | 20.0 | 0.90 | 120 |"
+    assert out[0].startswith("| end s | tokens/s | vLLM steps/s | steps with a prefill "
+                             "| vocoder calls/s")
+    assert out[2] == "| 2 | 8000 | 100 | 75 % | 75.0 | 3.0 | 20.0 | 0.90 | 120 |"
+
+
+def test_the_hosts_stolen_share_is_the_last_column(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    """Scrapes with /proc/stat's cpu line (the GPU scripts' since session 31)
+    give each interval the share of CPU time the hypervisor took."""
+    first = VLLM_SCRAPE.format(t=0.0, tokens=0, calls=0, windows=0, first=0, dec=0.0,
+                               running=0, steps=0, prefill=0)
+    second = VLLM_SCRAPE.format(t=2.0, tokens=16_000, calls=150, windows=450, first=40,
+                                dec=1.8, running=120, steps=200, prefill=150)
+    path = tmp_path / "m.txt"
+    path.write_text(first.replace("\n", "\n# cpu  100 0 0 900 0 0 0 0 0 0\n", 1)
+                    + second.replace("\n", "\n# cpu  200 0 0 1700 0 0 0 100 0 0\n", 1))
+    (row,) = wi.intervals(wi.parse(path.read_text().splitlines()))
+    assert row.steal_share == pytest.approx(0.1)
+    wi.main([str(path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("| running | host steal |") and out[1].count("|---") == 10
+    assert out[2] == "| 2 | 8000 | 100 | 75 % | 75.0 | 3.0 | 20.0 | 0.90 | 120 | 10.0 % |"

@@ -37,6 +37,7 @@ from typing import Any
 from rtserver.tools.bench.machine import describe
 from rtserver.tools.bench.stats import summarize
 from rtserver.vocoder.config import VOCODER_DTYPES
+from rtserver.voices.orpheus.voice import CUDAGRAPH_MODES
 
 PROMPT_TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
 
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--cudagraph-mode", choices=CUDAGRAPH_MODES, default="auto",
+                   help="[orpheus] cudagraph_mode: vLLM's CUDA graph mode")
     p.add_argument("--token-guard", choices=["auto", "mask", "allowed", "none"], default="auto")
     p.add_argument("--audio-head", choices=["auto", "on", "off"], default="auto",
                    help="[orpheus] audio_head: logits for the audio and end tokens only")
@@ -317,7 +320,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model_dir=args.model_dir, snac_dir=snac_dir, dummy_weights=args.dummy_weights,
         shape=args.shape, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager, token_guard=args.token_guard,
+        enforce_eager=args.enforce_eager, cudagraph_mode=args.cudagraph_mode,
+        token_guard=args.token_guard,
         audio_head=args.audio_head,
         enable_prefix_caching=not args.no_prefix_caching, stream_interval=args.stream_interval,
         quantization=args.quantization, vocoder=VocoderConfig(dtype=args.vocoder_dtype))

@@ -87,6 +87,9 @@ RETIRE_GRACE_S = 10.0
 
 # [orpheus] kv_cache_dtype: values of vLLM's kv_cache_dtype (0.26 and 0.32) served here
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# [orpheus] cudagraph_mode: "auto" (vLLM's choice) or a name of vLLM's CUDAGraphMode
+# (0.26 and 0.32)
+CUDAGRAPH_MODES = ("auto", "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 # Audio tokens of slot i % 7 at output position i; end of speech at frame boundaries.
 AUDIO_MASK = CyclicTokenMask(
@@ -130,6 +133,15 @@ class OrpheusConfig:
     # was no faster at 192 and 256 streams (bench/results/h100-2026-12-07-s26).
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    # vLLM's cudagraph_mode (CUDAGRAPH_MODES): "auto" is
+    # vLLM's FULL_AND_PIECEWISE, where a step holding any prefill runs piecewise
+    # (attention and the KV writes launched from Python, layer by layer). Under
+    # load nearly every Orpheus step holds one (each text segment is a request):
+    # at 256 streams on an H100, 343 of EngineCore's 1,445 busy-loop samples were
+    # in piecewise forwards, 4 in FULL graph replays (py-spy,
+    # bench/results/h100-2026-12-07-s31). "FULL" graphs mixed batches too
+    # (FlashAttention 3 only; vLLM falls back elsewhere).
+    cudagraph_mode: str = "auto"
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
     # "mask" | "allowed" | "none" (see engine.vllm_engine), or "auto": "none" for
@@ -213,7 +225,8 @@ class OrpheusConfig:
                               ("audio_head", ("auto", "on", "off")),
                               ("wrong_slot", ("reslot", "fail")), ("shape", ("3b", "tiny")),
                               ("engine_process", ("separate", "inproc")),
-                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
+                              ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("cudagraph_mode", CUDAGRAPH_MODES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
@@ -305,6 +318,15 @@ class OrpheusRuntime:
                 "vocoder_first_lane_calls": ("Decoder calls of first chunks on the first "
                                              "lane (beside the main calls)",
                                              stats.first_lane_calls),
+            }
+        step_counters = getattr(self.engine, "step_counters", None)  # vLLM's engine
+        if step_counters is not None:
+            steps = step_counters()
+            out |= {
+                "vllm_steps": ("vLLM engine steps that generated tokens", steps.steps),
+                "vllm_prefill_steps": ("vLLM engine steps that gave a request its first "
+                                       "token (prefill and decode in one batch)",
+                                       steps.prefill_steps),
             }
         held = getattr(self.vocoder, "held_starts", None)
         if held is not None:
@@ -593,7 +615,8 @@ def _engine_config(cfg: OrpheusConfig, guard: str, model_dir: str) -> VllmEngine
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,
         kv_cache_dtype=cfg.kv_cache_dtype,
-        enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+        enforce_eager=cfg.enforce_eager, cudagraph_mode=cfg.cudagraph_mode,
+        enable_prefix_caching=cfg.enable_prefix_caching,
         priority_scheduling=cfg.priority_scheduling,
         token_guard=guard,  # type: ignore[arg-type]
         tensor_parallel_size=cfg.tensor_parallel_size, seed=cfg.seed,

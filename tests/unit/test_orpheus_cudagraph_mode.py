@@ -1,0 +1,43 @@
+"""[orpheus] cudagraph_mode: vLLM's own CUDA graph modes, checked at config load
+and handed to vLLM's ``compilation_config`` ("auto" leaves vLLM's choice)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rtserver.config import load_config
+from rtserver.errors import ConfigError
+from rtserver.voices.orpheus.layout import write_tiny_orpheus
+from rtserver.voices.orpheus.voice import CUDAGRAPH_MODES, OrpheusConfig, _engine_config
+
+
+def test_every_mode_is_a_vllm_cudagraph_mode() -> None:
+    compilation = pytest.importorskip("vllm.config.compilation")
+    assert set(CUDAGRAPH_MODES) - {"auto"} <= set(compilation.CUDAGraphMode.__members__)
+
+
+def test_the_setting_is_read_and_checked() -> None:
+    assert load_config(env={}).family("orpheus", OrpheusConfig).cudagraph_mode == "auto"
+    full = load_config(env={"RTSERVER_ORPHEUS_CUDAGRAPH_MODE": "FULL"})
+    assert full.family("orpheus", OrpheusConfig).cudagraph_mode == "FULL"
+    with pytest.raises(ConfigError, match=r"\[orpheus\] cudagraph_mode 'full' is not one of"):
+        load_config(env={}, flags={"orpheus.cudagraph_mode": "full"})
+
+
+def test_the_mode_reaches_vllm_and_auto_leaves_its_default(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    from rtserver.engine.vllm_engine import VllmEngine
+
+    folder = str(write_tiny_orpheus(tmp_path / "m", shape="tiny"))
+    auto = _engine_config(OrpheusConfig(), "none", folder)
+    default = CompilationConfig().cudagraph_mode
+    assert VllmEngine(auto).engine_args().compilation_config.cudagraph_mode == default
+    for name in ("FULL", "PIECEWISE", "FULL_AND_PIECEWISE"):
+        config = _engine_config(OrpheusConfig(cudagraph_mode=name), "none", folder)
+        args = VllmEngine(config).engine_args()
+        assert args.compilation_config.cudagraph_mode == CUDAGraphMode[name]
