@@ -140,7 +140,10 @@ class OrpheusConfig:
     # at 256 streams on an H100, 343 of EngineCore's 1,445 busy-loop samples were
     # in piecewise forwards, 4 in FULL graph replays (py-spy,
     # bench/results/h100-2026-12-07-s31). "FULL" graphs mixed batches too
-    # (FlashAttention 3 only; vLLM falls back elsewhere).
+    # (FlashAttention 3 only; vLLM falls back elsewhere), but only up to vLLM's
+    # largest captured size (min(2 x max_num_seqs, 512) tokens); a larger batch
+    # then runs with no graph at all, so pair it with max_num_batched_tokens at
+    # or under that size. Not yet measured on a GPU.
     cudagraph_mode: str = "auto"
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
