@@ -13,6 +13,10 @@
 # ENGINE_LEVELS (e.g. 128,192,256): first vLLM alone at those rows (tools.bench.gpu_orpheus,
 # random weights of the 3B shape; ENGINE_ARGS, default "--mode load": steady tokens/s with
 # N-1 rows decoding), in $OUT/engine.json. Each run's files come back as $OUT/NAME.tgz.
+# SPY_LEVEL (e.g. 256): 10 s into that level of each run, py-spy (raw, --threads, 200 Hz,
+# 10 s) of vLLM's EngineCore and of the GPU worker, as spy-enginecore.txt.gz and
+# spy-worker.txt.gz in the run's folder (`python -m rtserver.tools.measure.spy_stacks
+# spy-enginecore.txt.gz --within EngineCoreProc.run_busy_loop`).
 T0=${T_START:-$(date +%s)}; OUT=${OUT:?OUT: where the results go}
 left() { echo $(( ${LIMIT:-580} - ($(date +%s) - T0) )); }
 . bench/gpu/lib.sh; vllm_wheels
@@ -28,14 +32,25 @@ if [ -n "${ENGINE_LEVELS:-}" ]; then
     --out $OUT/engine.json > $OUT/engine.log 2>&1
   tail -12 $OUT/engine.log; echo "engine alone done ($(( $(date +%s) - T0 )) s)"
 fi
+spy_at() {  # level, folder: the two processes found by their command lines, sampled by pid
+  local ec w
+  until grep -qsE "sweep $1: (1[0-9]|2[0-9])/" /tmp/fe/logs/bench-4.log; do sleep 0.5; done
+  ec=$(ps -eo pid,args | awk '$2 ~ /^VLLM::EngineCore/ {print $1; exit}')
+  w=$(ps -eo pid,args | awk '$2 == "python3" && $4 == "rtserver" && $5 == "worker" {print $1; exit}')
+  for p in "enginecore $ec" "worker $w"; do set -- $p; [ -n "${2:-}" ] && /tmp/site/bin/py-spy \
+    record -p $2 -d 10 -r 200 -f raw --threads -o $DIR/spy-$1.txt --nonblocking >/dev/null 2>&1 &
+  done; wait; gzip -f $DIR/spy-*.txt 2>/dev/null
+}
 while IFS='|' read -r NAME SETTINGS; do
   [ -z "$NAME" ] && continue
   [ "$(left)" -lt "${RUN_S:-150}" ] && { echo "no time left for $NAME"; break; }
   mkdir -p $OUT/$NAME; rm -rf /tmp/fe; echo "$SETTINGS" > $OUT/$NAME/settings.txt
+  SPY=""; [ -n "${SPY_LEVEL:-}" ] && { DIR=$OUT/$NAME spy_at "$SPY_LEVEL" & SPY=$!; }
   echo "== $NAME: ${SETTINGS:-defaults} ($(left) s left)"
   env T_START=$(date +%s) OUT=$OUT/$NAME LIMIT=$(( $(left) - 10 )) SKIP_SNAC=1 \
     SINGLE_S=${SINGLE_S:-0} BURST=${BURST:-0} LEVELS=${LEVELS:-192,256} $SETTINGS \
     bash bench/gpu/run_orpheus_snake.sh 2>&1 | grep -E '^\| [0-9]|done|Error|error' | tail -12
+  [ -n "$SPY" ] && { kill $SPY 2>/dev/null; wait $SPY 2>/dev/null; }  # a level never reached
   # one file a run: a call brings back at most 8 files (the device's README)
   tar czf $OUT/$NAME.tgz -C $OUT $NAME && rm -rf $OUT/$NAME
 done <<< "${RUNS:?RUNS: name|settings lines}"
