@@ -16,7 +16,8 @@ PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx",
             "piper-tts", "prometheus-client", "uvloop", "matplotlib", "uvicorn", "httptools", "av")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else the platform's)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -49,7 +50,7 @@ def _libopus() -> str:
 
 def describe() -> dict[str, Any]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": _cpu_model(), "cores": cores, "memory_gib": _memory_gib(),
+    return {"cpu": cpu_model(), "cores": cores, "memory_gib": _memory_gib(),
             "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(),
             "python": platform.python_version()}
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from rtserver.tools.bench.machine import cpu_model
 
 LOOP = 5_000_000
 REPEATS = 3
@@ -75,33 +76,21 @@ def loop_seconds(n: int = LOOP, repeats: int = REPEATS) -> float:
     return best
 
 
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (else the platform's)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="ascii",
-                                                    errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m rtserver.tools.measure.host_cpu",
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--window", type=float, default=2.0,
                     help="seconds over which to read the stolen share (default 2)")
     args = ap.parse_args(argv)
-    before = read_cpu_times()
+    t0, before = time.perf_counter(), read_cpu_times()
     loop = loop_seconds()
-    rest = args.window - loop
+    rest = args.window - (time.perf_counter() - t0)
     if rest > 0:
         time.sleep(rest)
-    after = read_cpu_times()
+    after, elapsed = read_cpu_times(), time.perf_counter() - t0
     steal = ("steal n/a" if before is None or after is None else
              f"steal {100 * after.steal_share():.1f} % since boot, "
-             f"{100 * after.steal_share(before):.1f} % over {max(loop, args.window):.1f} s")
+             f"{100 * after.steal_share(before):.1f} % over {elapsed:.1f} s")
     print(f"host cpu: {cpu_model()}, {os.cpu_count()} cores; python loop "
           f"{LOOP:,} additions {1e3 * loop:.0f} ms (best of {REPEATS}); {steal}")
 
