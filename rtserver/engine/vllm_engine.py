@@ -70,6 +70,7 @@ from rtserver.engine.base import (
 )
 from rtserver.engine.head_vocab import HeadVocab
 from rtserver.engine.quantization import declared_quantization, resolve_quantization
+from rtserver.engine.submit_gate import SubmitGate
 from rtserver.errors import BadAdapter, ConfigError, EngineDead, EngineFailed
 
 if TYPE_CHECKING:
@@ -114,6 +115,10 @@ class VllmEngineConfig:
     # the attention backend cannot capture a mode (FULL for mixed batches needs
     # FlashAttention 3: H100/H200).
     cudagraph_mode: str = "auto"
+    # A request of priority > 0 (a later segment) waits up to this long to go
+    # to vLLM together with others (engine/submit_gate.py): fewer steps hold a
+    # prefill. 0: each request goes at once.
+    later_hold_s: float = 0.0
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
     token_guard: TokenGuard = "mask"
@@ -395,6 +400,7 @@ class VllmEngine:
         self._open: set[str] = set()
         self._dead: BaseException | None = None
         self._adapters: dict[int, Adapter] = {}  # added, by id
+        self.gate = SubmitGate(config.later_hold_s)
 
     # lifecycle -------------------------------------------------------------
 
@@ -584,10 +590,11 @@ class VllmEngine:
         priority = request.priority if self.config.priority_scheduling else 0
         rid = request.request_id
         live = self._live
+        now = self._clock.now
+        started = now()  # the gate's hold counts in the time to the first token
+        await self.gate.wait(urgent=request.priority <= 0)
         live.requests += 1
         self._open.add(rid)
-        now = self._clock.now
-        started = now()
         first = True
         count = 0  # tokens so far, for the time to 7 and to 28 tokens
         finished = False

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from rtserver.client import AudioFrames, RtClient
+from rtserver.engine.submit_gate import SubmitGate
 from rtserver.server.guarded import unwrap
 from rtserver.testing.server_thread import ServerThread
 from rtserver.testing.wait import wait_until_async
@@ -165,6 +166,27 @@ async def test_two_orpheus_contexts_at_once(orpheus_server: ServerThread) -> Non
     # vLLM's steps, and those that gave a request its first token (each request had one)
     prefill = metric(orpheus_server, "rtserver_engine_vllm_prefill_steps_total")
     assert 1 <= prefill < metric(orpheus_server, "rtserver_engine_vllm_steps_total")
+
+
+async def test_a_held_later_segment_goes_to_vllm_and_speaks(
+        orpheus_server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[orpheus] later_hold_ms: a context's second segment waits at the engine's
+    submit gate, goes to vLLM when the hold ends, and speaks whole."""
+    engine = served_voice(orpheus_server).runtime.engine
+    gate = SubmitGate(hold_s=0.05)
+    monkeypatch.setattr(engine, "gate", gate)
+    async with RtClient.connect(orpheus_server.url) as client:
+        ctx = await client.start(format="pcm_s16le", sample_rate=24000)
+        await ctx.send_text("Hello there. ")
+        await ctx.send_text("This is the second sentence.")
+        await ctx.end()
+        result = await ctx.collect()
+    assert result.ok, (result.error, result.failure)
+    assert gate.held >= 1 and gate.releases >= 1
+    assert metric(orpheus_server, "rtserver_engine_vllm_held_requests_total") == gate.held
+    # dummy weights run each segment to its budget: both segments' frames, whole
+    assert result.pcm is not None
+    assert len(result.pcm) >= 2 * check.BUDGET.max_frames * SAMPLES_PER_FRAME
 
 
 def test_the_dashboards_engine_metrics_are_served(orpheus_server: ServerThread) -> None:

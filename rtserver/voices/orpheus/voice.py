@@ -87,6 +87,8 @@ RETIRE_GRACE_S = 10.0
 
 # [orpheus] kv_cache_dtype: values of vLLM's kv_cache_dtype (0.26 and 0.32) served here
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# [orpheus] later_hold_ms at most: a quarter of a second of the listener's buffer
+MAX_LATER_HOLD_MS = 250.0
 # [orpheus] cudagraph_mode: "auto" (vLLM's choice) or a name of vLLM's CUDAGraphMode
 # (0.26 and 0.32)
 CUDAGRAPH_MODES = ("auto", "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -145,6 +147,12 @@ class OrpheusConfig:
     # then runs with no graph at all, so pair it with max_num_batched_tokens at
     # or under that size. Not yet measured on a GPU.
     cudagraph_mode: str = "auto"
+    # A later segment's request waits up to this long (ms) to go to vLLM with the
+    # next first segment or with the other later segments held (engine/
+    # submit_gate.py), so fewer of vLLM's steps hold a prefill, which its default
+    # graph mode runs piecewise; a context's first segment never waits. 0: off.
+    # Not yet measured on a GPU.
+    later_hold_ms: float = 0.0
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
     # "mask" | "allowed" | "none" (see engine.vllm_engine), or "auto": "none" for
@@ -233,6 +241,9 @@ class OrpheusConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        if not 0 <= self.later_hold_ms <= MAX_LATER_HOLD_MS:
+            raise ValueError(f"later_hold_ms {self.later_hold_ms}: from 0 (off) to "
+                             f"{MAX_LATER_HOLD_MS:.0f}")
         if any(n < 1 for n in self.warm_up_batches):
             raise ValueError(f"warm_up_batches {list(self.warm_up_batches)}: each at least 1")
         check_setting(self.quantization)
@@ -330,6 +341,14 @@ class OrpheusRuntime:
                 "vllm_prefill_steps": ("vLLM engine steps that gave a request its first "
                                        "token (prefill and decode in one batch)",
                                        steps.prefill_steps),
+            }
+        gate = getattr(self.engine, "gate", None)  # vLLM's engine
+        if gate is not None and gate.hold_s > 0:
+            out |= {
+                "vllm_held_requests": ("Later segments held to go to vLLM together "
+                                       "([orpheus] later_hold_ms)", gate.held),
+                "vllm_held_releases": ("Times the held later segments went to vLLM",
+                                       gate.releases),
             }
         held = getattr(self.vocoder, "held_starts", None)
         if held is not None:
@@ -619,6 +638,7 @@ def _engine_config(cfg: OrpheusConfig, guard: str, model_dir: str) -> VllmEngine
         gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_gib=cfg.kv_cache_gib,
         kv_cache_dtype=cfg.kv_cache_dtype,
         enforce_eager=cfg.enforce_eager, cudagraph_mode=cfg.cudagraph_mode,
+        later_hold_s=cfg.later_hold_ms / 1000,
         enable_prefix_caching=cfg.enable_prefix_caching,
         priority_scheduling=cfg.priority_scheduling,
         token_guard=guard,  # type: ignore[arg-type]

@@ -1,5 +1,6 @@
-"""[orpheus] cudagraph_mode: vLLM's own CUDA graph modes, checked at config load
-and handed to vLLM's ``compilation_config`` ("auto" leaves vLLM's choice)."""
+"""[orpheus] settings of how vLLM steps: cudagraph_mode (vLLM's own CUDA graph
+modes, checked at config load and handed to vLLM's ``compilation_config``; "auto"
+leaves vLLM's choice) and later_hold_ms (the engine's submit gate)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,19 @@ def test_the_mode_reaches_vllm_and_auto_leaves_its_default(tmp_path: Path) -> No
         config = _engine_config(OrpheusConfig(cudagraph_mode=name), "none", folder)
         args = VllmEngine(config).engine_args()
         assert args.compilation_config.cudagraph_mode == CUDAGraphMode[name]
+
+
+def test_later_hold_reaches_the_engines_gate(tmp_path: Path) -> None:
+    assert load_config(env={}).family("orpheus", OrpheusConfig).later_hold_ms == 0.0
+    cfg = load_config(env={"RTSERVER_ORPHEUS_LATER_HOLD_MS": "30"}).family(
+        "orpheus", OrpheusConfig)
+    assert cfg.later_hold_ms == 30.0
+    with pytest.raises(ConfigError, match=r"later_hold_ms 300.0: from 0 \(off\) to 250"):
+        load_config(env={}, flags={"orpheus.later_hold_ms": 300})
+    folder = str(write_tiny_orpheus(tmp_path / "m", shape="tiny"))
+    engine_config = _engine_config(cfg, "none", folder)
+    assert engine_config.later_hold_s == pytest.approx(0.03)
+    pytest.importorskip("vllm")
+    from rtserver.engine.vllm_engine import VllmEngine
+
+    assert VllmEngine(engine_config).gate.hold_s == pytest.approx(0.03)
