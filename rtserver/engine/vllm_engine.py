@@ -38,9 +38,13 @@ DELTA streams of token ids out.
   vocoder in this process shares vLLM's CUDA context (two contexts on one GPU
   are time-sliced).
 - Stats: a ``StatLoggerBase`` fed by vLLM after every engine step (running,
-  waiting, KV cache usage, prefix cache, tokens) plus our own time to the
-  first, the 7th and the 28th token, measured from submitting to the delta
-  that carries it, as the voice sees it.
+  waiting, KV cache usage, prefix cache, tokens, steps and those that gave a
+  request its first token) plus our own time to the first, the 7th and the
+  28th token, measured from submitting to the delta that carries it, as the
+  voice sees it.
+- ``later_hold_s`` > 0: a request of priority > 0 waits at a ``SubmitGate``
+  (engine/submit_gate.py) to go to vLLM with the next urgent one or with the
+  others held, so fewer steps hold a prefill.
 """
 
 from __future__ import annotations
