@@ -11,6 +11,17 @@ wait_ready() {
   done
   echo "$3 ready after $(( $(date +%s) - ${T0:-$(date +%s)} )) s"
 }
+# worker_scrapes FILE [TIMEOUT]: every 2 s, a "# t=<unix seconds>" line, /proc/stat's cpu line
+# (as "# cpu ...": the host's stolen share, tools.measure.host_cpu) and the GPU worker's
+# rtserver_* samples from :9100/metrics (TIMEOUT s a scrape, default 5) into FILE, until killed;
+# run it in the background (`worker_scrapes F & S=$!`). Read by tools.measure.worker_intervals.
+worker_scrapes() {
+  while true; do
+    echo "# t=$(date +%s.%N)"; head -1 /proc/stat | sed "s/^/# /"
+    python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=${2:-5}).read().decode())" 2>/dev/null | grep -E '^rtserver_'
+    sleep 2
+  done > "$1"
+}
 # jit_restore: unpack the compile caches a run saved (carried as .gpu/jit/*.tgz) into $HOME and
 # /tmp, so vLLM's start can skip FlashInfer's JIT of its top-k/top-p sampler (the likely cause of
 # 149 s of the H100 start of session 14: worker.log, 16:20:45 "Free memory on device" to 16:23:14,

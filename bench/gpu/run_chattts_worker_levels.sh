@@ -17,7 +17,7 @@ python3 -c "import fastapi, opuslib, zmq; print('server deps ok')" 2>&1 | tail -
 python3 -m rtserver.tools.bench.gpu_chattts prepare --ckpt /tmp/ck 2>&1 | tail -1
 # the shared config, with CHATTTS_EXTRA (one `key = value` line) added to its [chattts] table
 sed "/^\[chattts\]/a ${CHATTTS_EXTRA:-# no extra}" bench/gpu/chattts_worker.toml > /tmp/ct.toml
-( while true; do echo "# t=$(date +%s.%N)"; head -1 /proc/stat | sed "s/^/# /"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=5).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $OUT/worker-metrics.txt ) & S=$!
+worker_scrapes $OUT/worker-metrics.txt & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $OUT/gpu-util.txt ) & N=$!
 CONFIG=/tmp/ct.toml VOICE=chattts:seed_1 FRONTENDS=${FRONTENDS:-4} O=${FE:-/tmp/fe} T_START=$T0 \
   LIMIT=${LIMIT:-585} bash bench/gpu/run_frontends.sh

@@ -88,7 +88,7 @@ python3 -m rtserver worker --config /tmp/otl.toml --endpoint $EP > $O/logs/worke
 WPID=$!
 wait_ready $O/logs/worker.log $WPID worker
 jit_save $OUT  # now: a call cut short later still brings the caches back
-( while true; do echo "# t=$(date +%s.%N)"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $O/worker-metrics.txt ) & S=$!
+worker_scrapes $O/worker-metrics.txt 1 & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $O/gpu-util.txt ) & N=$!
 P=()
 for i in 0 1 2 3; do

@@ -19,7 +19,7 @@ export RTSERVER_ORPHEUS_TOKEN_GUARD=none RTSERVER_ORPHEUS_DEVICE=cuda
 export RTSERVER_ORPHEUS_BUDGET_FRAMES_PER_CHAR=0.8 RTSERVER_ORPHEUS_BUDGET_BASE_FRAMES=12
 export RTSERVER_ADMISSION_CONNECTIONS_PER_MINUTE=0 RTSERVER_ADMISSION_CONTEXTS_PER_MINUTE=0 RTSERVER_ADMISSION_CHARS_PER_MINUTE=0 RTSERVER_ADMISSION_FIRST_HEARD_TARGET_MS=0
 printf '[voice]\ndefault = "orpheus:tara"\n[gpu]\nmetrics_port = 9100\n%s\n' "${ORPH_EXTRA:-}" > /tmp/or.toml
-( while true; do echo "# t=$(date +%s.%N)"; head -1 /proc/stat | sed "s/^/# /"; python3 -c "import urllib.request,sys;sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9100/metrics',timeout=1).read().decode())" 2>/dev/null | grep -E '^rtserver_' ; sleep 2; done > $OUT/worker-metrics.txt ) & S=$!
+worker_scrapes $OUT/worker-metrics.txt 1 & S=$!
 ( nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 200 > $OUT/gpu-util.txt ) & N=$!
 CONFIG=/tmp/or.toml VOICE=orpheus:tara FRONTENDS=4 O=/tmp/fe T_START=$T0 LIMIT=${LIMIT:-590} \
   LEVELS=${LEVELS:-1,64,128,192,256,320} DURATION=18 STAGGER=8 BURST=${BURST:-64} bash bench/gpu/run_frontends.sh
