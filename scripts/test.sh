@@ -12,5 +12,9 @@ echo "test: mypy"; mypy rtserver
 mypy integrations/pipecat/rtserver_pipecat integrations/livekit/rtserver_livekit
 echo "test: import-linter"; lint-imports
 echo "test: pytest"
-# -v: each test's name as it starts, so a slow or stuck test is seen while it runs
-exec python -m pytest -v -ra --durations=15 "$@"
+# -n 2 --dist loadfile: two pytest-xdist workers, each taking whole files (a file's
+# module fixtures stay in one process); two for CI's 2 cores. Most of the suite's time
+# is servers and vLLM engines starting, so a 2-core machine runs two files at once
+# about 1.5x faster (876 -> 570 s of pytest, 2026-12-07). `-n 0` (after) runs in one
+# process. -v: each test's name as it ends, with its worker, so progress shows.
+exec python -m pytest -n 2 --dist loadfile -v -ra --durations=15 "$@"
