@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from vllm import SamplingParams, TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -72,6 +73,7 @@ from rtserver.engine.base import (
     HistogramAccumulator,
     TokenRequest,
 )
+from rtserver.engine.graph_mode import graph_settings
 from rtserver.engine.head_vocab import HeadVocab
 from rtserver.engine.quantization import declared_quantization, resolve_quantization
 from rtserver.engine.submit_gate import SubmitGate
@@ -114,10 +116,10 @@ class VllmEngineConfig:
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     # vLLM's CompilationConfig.cudagraph_mode by name (e.g. "FULL"), or "auto":
-    # vLLM's own choice (FULL_AND_PIECEWISE on a GPU: a step that holds a prefill
-    # runs piecewise, attention outside the graphs). vLLM itself falls back where
-    # the attention backend cannot capture a mode (FULL for mixed batches needs
-    # FlashAttention 3: H100/H200).
+    # FULL on a CUDA GPU, vLLM's own choice elsewhere (engine/graph_mode.py, which
+    # also caps max_num_batched_tokens under FULL). vLLM itself falls back to
+    # FULL_AND_PIECEWISE where the attention backend cannot graph mixed batches
+    # (FlashAttention 2: before Hopper).
     cudagraph_mode: str = "auto"
     # A request of priority > 0 (a later segment) waits up to this long to go
     # to vLLM together with others (engine/submit_gate.py): fewer steps hold a
@@ -420,10 +422,13 @@ class VllmEngine:
             kwargs["quantization"] = quantization
         if c.kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_gib * GiB)
-        if c.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
-        if c.cudagraph_mode != "auto":
-            kwargs["compilation_config"] = {"cudagraph_mode": c.cudagraph_mode}
+        mode, tokens = graph_settings(c.cudagraph_mode, c.max_num_seqs,
+                                      c.max_num_batched_tokens,
+                                      cuda=current_platform.is_cuda(), eager=c.enforce_eager)
+        if tokens is not None:
+            kwargs["max_num_batched_tokens"] = tokens
+        if mode is not None:
+            kwargs["compilation_config"] = {"cudagraph_mode": mode}
         if c.token_guard == "mask":
             kwargs["logits_processors"] = [CyclicMaskLogitsProcessor]
         if c.head is not None:

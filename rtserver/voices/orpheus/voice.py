@@ -135,17 +135,16 @@ class OrpheusConfig:
     # was no faster at 192 and 256 streams (bench/results/h100-2026-12-07-s26).
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
-    # vLLM's cudagraph_mode (CUDAGRAPH_MODES): "auto" is
-    # vLLM's FULL_AND_PIECEWISE, where a step holding any prefill runs piecewise
-    # (attention and the KV writes launched from Python, layer by layer). Under
-    # load nearly every Orpheus step holds one (each text segment is a request):
-    # at 256 streams on an H100, 343 of EngineCore's 1,445 busy-loop samples were
-    # in piecewise forwards, 4 in FULL graph replays (py-spy,
-    # bench/results/h100-2026-12-07-s31). "FULL" graphs mixed batches too
-    # (FlashAttention 3 only; vLLM falls back elsewhere), but only up to vLLM's
-    # largest captured size (min(2 x max_num_seqs, 512) tokens); a larger batch
-    # then runs with no graph at all, so pair it with max_num_batched_tokens at
-    # or under that size. Not yet measured on a GPU.
+    # vLLM's cudagraph_mode (CUDAGRAPH_MODES). "auto": FULL on a CUDA GPU (mixed
+    # prefill-and-decode steps graphed whole; each text segment is a request, so
+    # under load 30-46 % of vLLM's steps hold a prefill), vLLM's own choice
+    # elsewhere; under FULL an unset max_num_batched_tokens becomes vLLM's
+    # largest graphed batch (min(2 x max_num_seqs, 512) tokens), since a larger
+    # one runs with no graph at all (engine/graph_mode.py). On an H100 at 256
+    # streams, one run each: 0 of 507 contexts underran with FULL, 228 of 438 with
+    # vLLM's FULL_AND_PIECEWISE (bench/results/h100-2026-12-07-s32). Where the
+    # attention backend cannot graph mixed batches (FlashAttention 2, before
+    # Hopper) vLLM falls back to FULL_AND_PIECEWISE with a warning.
     cudagraph_mode: str = "auto"
     # A later segment's request waits up to this long (ms) to go to vLLM with the
     # next first segment or with the other later segments held (engine/
