@@ -42,6 +42,10 @@ DELTA streams of token ids out.
   request its first token) plus our own time to the first, the 7th and the
   28th token, measured from submitting to the delta that carries it, as the
   voice sees it.
+- CUDA graphs (``cudagraph_mode``, engine/graph_mode.py): "auto" is vLLM's FULL
+  mode on a CUDA GPU, which graphs the many steps that hold a prefill (each
+  text segment is a request) whole instead of piecewise, with the tokens a
+  step capped at vLLM's largest graph.
 - ``later_hold_s`` > 0: a request of priority > 0 waits at a ``SubmitGate``
   (engine/submit_gate.py) to go to vLLM with the next urgent one or with the
   others held, so fewer steps hold a prefill.
