@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import tempfile
+from pathlib import Path
+
+import pytest
 
 # The suite is deterministic: property tests draw the same examples on every run
 # (hypothesis' default draws new ones each run, so two fresh clones could fail on
@@ -22,3 +27,21 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # (scripts/setup-parity.sh); tests/unit/test_chattts_parity.py runs it there.
 if importlib.util.find_spec("ChatTTS") is None:
     collect_ignore = ["parity"]
+
+# Two pytest-xdist workers (scripts/test.sh) share the machine's cores. A browser
+# test plays audio in real time and asserts it never ran dry, as on a machine
+# where the server has its cores to itself; so it runs alone: it holds this run's
+# lock exclusively from its set-up to its tear-down, every other test holds it
+# shared (fcntl locks: released with the process, whatever ends it).
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return (yield)
+    mode = fcntl.LOCK_EX if item.get_closest_marker("browser") else fcntl.LOCK_SH
+    with (Path(tempfile.gettempdir()) / f"rtserver-tests-{run}.lock").open("a") as lock:
+        fcntl.flock(lock, mode)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
