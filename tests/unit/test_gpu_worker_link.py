@@ -425,6 +425,7 @@ async def test_every_front_end_hears_the_r_of_the_requests_completed_in_the_work
         await until(lambda: on_b.rtf_elsewhere() is not None)
         rtf = on_b.rtf_elsewhere()
         assert rtf is not None and 0.4 <= rtf < 5.0  # five 40 ms pauses for 0.5 s
+        await until(lambda: a.rtf("fake") is not None)  # the same Load, on a's socket
         assert a.rtf("fake") == rtf
         gauge = next(f for f in WorkerCollector(r.server).collect()
                      if f.name == "rtserver_gpu_worker_rtf")
