@@ -12,10 +12,8 @@ echo "test: mypy"; mypy rtserver
 mypy integrations/pipecat/rtserver_pipecat integrations/livekit/rtserver_livekit
 echo "test: import-linter"; lint-imports
 echo "test: pytest"
-# -n 2 --dist loadfile: two pytest-xdist workers, each taking whole files (a file's
-# module fixtures stay in one process); two for CI's 2 cores. Most of the suite's time
-# is servers and vLLM engines starting, so a 2-core machine runs two files at once
-# about 1.5x faster (876 -> 570 s of pytest, 2026-12-07). `-n 0` (after) runs in one
-# process. One process by default until two-worker runs prove green on fresh clones
-# (three flakes in eight, 2026-12-07); RTSERVER_TEST_WORKERS=2 runs two. -v: progress.
+# One process by default (-n 0). RTSERVER_TEST_WORKERS=2: two pytest-xdist workers,
+# whole files to each (a file's module fixtures stay in one process); on 2 cores
+# 503-583 s of pytest against 876 s in one (2026-12-07), but three tests failed in
+# eight such runs (each mended since), so two are not yet the default. -v: progress.
 exec python -m pytest -n "${RTSERVER_TEST_WORKERS:-0}" --dist loadfile -v -ra --durations=15 "$@"

@@ -135,16 +135,9 @@ class OrpheusConfig:
     # was no faster at 192 and 256 streams (bench/results/h100-2026-12-07-s26).
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
-    # vLLM's cudagraph_mode (CUDAGRAPH_MODES). "auto": FULL on a CUDA GPU (mixed
-    # prefill-and-decode steps graphed whole; each text segment is a request, so
-    # under load 30-46 % of vLLM's steps hold a prefill), vLLM's own choice
-    # elsewhere; under FULL an unset max_num_batched_tokens becomes vLLM's
-    # largest graphed batch (min(2 x max_num_seqs, 512) tokens), since a larger
-    # one runs with no graph at all (engine/graph_mode.py). On an H100 at 256
-    # streams, one run each: 0 of 507 contexts underran with FULL, 228 of 438 with
-    # vLLM's FULL_AND_PIECEWISE (bench/results/h100-2026-12-07-s32). Where the
-    # attention backend cannot graph mixed batches (FlashAttention 2, before
-    # Hopper) vLLM falls back to FULL_AND_PIECEWISE with a warning.
+    # vLLM's cudagraph_mode (CUDAGRAPH_MODES). "auto": FULL on a CUDA GPU, with an
+    # unset max_num_batched_tokens at vLLM's largest graphed batch; vLLM's own
+    # choice elsewhere (engine/graph_mode.py: why, and what it measured).
     cudagraph_mode: str = "auto"
     # A later segment's request waits up to this long (ms) to go to vLLM with the
     # next first segment or with the other later segments held (engine/
