@@ -24,6 +24,7 @@ import torch
 from rtserver.engine.base import PromptEmbedding, SamplingSettings, TokenRequest
 from rtserver.voices.chattts.assets import load_lm_assets
 from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig
+from rtserver.voices.chattts.engine.intake import EngineRequest, prefill_inputs
 from rtserver.voices.chattts.engine.model import ChatLM
 from rtserver.voices.chattts.engine.runner import ModelRunner
 from rtserver.voices.chattts.engine.scheduler import Seq
@@ -108,7 +109,8 @@ def run(asset_dir: str, *, device: str, dtype: str, batch: int, steps: int,
                            want_hidden=True,
                            embeddings=(PromptEmbedding(tok.spk_emb_id,
                                                        tuple(spk.tolist())),))
-        p = engine._pending(req, model)
+        p = EngineRequest(req, prefill_inputs(req, model, min_new=engine.config.min_new_steps),
+                          submitted=0.0)
         sched.add(Seq(rid=req.request_id, prompt_len=len(ids), payload=p))
     while sched.decoding < batch:  # prefill everyone (the plans' decode rows run too)
         runner.wait(runner.launch(sched.schedule(), engine._inputs, True))

@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -60,11 +59,16 @@ from rtserver.engine.base import (
 from rtserver.errors import EngineDead, EngineFailed, Overloaded
 from rtserver.voices.chattts.engine.counters import StepCounters, metric_counters
 from rtserver.voices.chattts.engine.handover import Batch, Handover
+from rtserver.voices.chattts.engine.intake import (
+    EngineRequest,
+    check_refine,
+    draw_seed,
+    prefill_inputs,
+)
 from rtserver.voices.chattts.engine.model import ChatLM
 from rtserver.voices.chattts.engine.runner import (
     FLAG_BAD,
     FLAG_DONE,
-    MAX_STOPS,
     MOVE_BUCKETS,
     ModelRunner,
     PrefillInputs,
@@ -119,15 +123,6 @@ class TorchEngineConfig:
     # The refine-text lane (text_lane.py): its own slots and KV cache; 0: off.
     text_slots: int = 0
     text_max_len: int = 512
-
-
-@dataclass(eq=False)
-class _Req:
-    request: TokenRequest
-    inputs: PrefillInputs
-    submitted: float
-    handle: int = -1  # its row in the hand-over arrays (``Handover``), once running
-    gen: int = 0  # that row's generation when it was given (a stale row is ignored)
 
 
 # thread -> loop: (request id, codes [n, vq] or None, hidden [n, H] or None, done, error)
@@ -335,43 +330,10 @@ class TorchCodeEngine:
                 self._inbox.put(("abort", rid))
                 self._wake.set()
 
-    def _pending(self, request: TokenRequest, model: ChatLM) -> _Req:
-        n = len(request.prompt_token_ids)
-        if n == 0:
-            raise EngineFailed("empty prompt")
-        if request.max_tokens < 1:
-            raise EngineFailed("max_tokens must be >= 1")
-        if n + 1 > model.max_len:
-            raise EngineFailed(f"prompt of {n} positions does not fit a slot of "
-                               f"{model.max_len}")
-        if request.mask is not None:
-            raise EngineFailed("the torch engine does not take token masks")
-        if len(request.stop_token_ids) > MAX_STOPS:
-            raise EngineFailed(f"the torch engine checks at most {MAX_STOPS} stop ids")
-        ids = np.asarray(request.prompt_token_ids, dtype=np.int64)
-        if int(ids.min()) < 0 or int(ids.max()) >= model.cfg.num_text_tokens:
-            raise EngineFailed("prompt id out of the text vocabulary")
-        vector = None
-        inject = -1
-        if len(request.embeddings) > 1:
-            raise EngineFailed("the torch engine takes one prompt embedding")
-        for emb in request.embeddings:
-            if len(emb.vector) != model.cfg.hidden_size:
-                raise EngineFailed(f"prompt embedding of {len(emb.vector)} values, the model "
-                                   f"needs {model.cfg.hidden_size}")
-            vector = np.asarray(emb.vector, dtype=np.float32)
-            inject = emb.token_id
-        seed = request.sampling.seed
-        if seed is None:
-            seed = random.getrandbits(31)
-        s = request.sampling
-        stops = tuple(request.stop_token_ids) + (-1,) * (MAX_STOPS - len(request.stop_token_ids))
-        inputs = PrefillInputs(
-            ids=ids, vector=vector, inject_id=inject, seed=int(seed) & (2**62 - 1),
-            min_new=(1 << 40) if self.config.ignore_eos else self.config.min_new_steps,
-            top_k=int(s.top_k), max_steps=request.max_tokens, stops=stops,
-            sampling=(max(s.temperature, 1e-5), s.top_p, s.repetition_penalty))
-        return _Req(request=request, inputs=inputs, submitted=self._clock.now())
+    def _pending(self, request: TokenRequest, model: ChatLM) -> EngineRequest:
+        min_new = (1 << 40) if self.config.ignore_eos else self.config.min_new_steps
+        return EngineRequest(request, prefill_inputs(request, model, min_new=min_new),
+                             self._clock.now())
 
     async def refine(self, request: TokenRequest) -> list[int]:
         """Generate text ids (the refine-text lane): ``prompt_token_ids`` are text
@@ -383,21 +345,11 @@ class TorchCodeEngine:
         dead = self.dead_reason()
         if dead is not None:
             raise EngineDead(dead)
-        n = len(request.prompt_token_ids)
-        if n == 0 or not request.stop_token_ids:
-            raise EngineFailed("refine needs a prompt and a stop id")
-        if n + 1 > self._text.max_len:
-            raise EngineFailed(f"refine prompt of {n} positions does not fit "
-                               f"{self._text.max_len}")
-        vocab = model.cfg.num_text_tokens
-        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
-            raise EngineFailed("prompt id out of the text vocabulary")
+        check_refine(request, model, self._text.max_len)
         rid = request.request_id
         if rid in self._text_futs:
             raise EngineFailed(f"request id {rid} is already running")
-        seed = request.sampling.seed
-        job = TextJob(request=request,
-                      seed=int(seed if seed is not None else random.getrandbits(31)))
+        job = TextJob(request=request, seed=draw_seed(request.sampling.seed))
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._text_futs[rid] = fut
         self._inbox.put(("text", job))
@@ -516,7 +468,7 @@ class TorchCodeEngine:
                         plan = sched.schedule(ho.free if store else None)
                         for ch in plan.chunks:
                             if ch.start == 0:
-                                req: _Req = ch.seq.payload
+                                req: EngineRequest = ch.seq.payload
                                 req.handle, req.gen = ho.give(
                                     ch.seq.rid, keep=store and req.request.want_hidden)
                         if store and self._n_hidden > 0:
@@ -589,7 +541,7 @@ class TorchCodeEngine:
         return ([], None)
 
     def _inputs(self, seq: Seq) -> PrefillInputs:
-        req: _Req = seq.payload
+        req: EngineRequest = seq.payload
         return req.inputs
 
     @property
@@ -635,7 +587,7 @@ class TorchCodeEngine:
 
     def _step_of(self, seq: Seq, ring: int, row: int, flag: int, out: list[_Event]) -> None:
         """One row read back alone: a prefill's first step, or a flagged decode row."""
-        req: _Req = seq.payload
+        req: EngineRequest = seq.payload
         rid = req.request.request_id
         if flag & FLAG_BAD:
             self._end(seq)
@@ -697,7 +649,7 @@ class TorchCodeEngine:
             except queue.Empty:
                 return
             if kind == "submit":
-                req: _Req = item
+                req: EngineRequest = item
                 sched.add(Seq(rid=req.request.request_id, prompt_len=len(req.inputs.ids),
                               priority=req.request.priority, submitted=req.submitted,
                               payload=req))
