@@ -12,8 +12,8 @@ echo "test: mypy"; mypy rtserver
 mypy integrations/pipecat/rtserver_pipecat integrations/livekit/rtserver_livekit
 echo "test: import-linter"; lint-imports
 echo "test: pytest"
-# One process by default (-n 0). RTSERVER_TEST_WORKERS=2: two pytest-xdist workers,
-# whole files to each (a file's module fixtures stay in one process); on 2 cores
-# 503-583 s of pytest against 876 s in one (2026-12-07), but three tests failed in
-# eight such runs (each mended since), so two are not yet the default. -v: progress.
-exec python -m pytest -n "${RTSERVER_TEST_WORKERS:-0}" --dist loadfile -v -ra --durations=15 "$@"
+# Two pytest-xdist workers by default, for CI's 2 cores: whole files to each (a
+# file's module fixtures stay in one process); on 2 cores 540-600 s of pytest against
+# 876 s in one (fresh clones, 2026-12-07). RTSERVER_TEST_WORKERS=0: one process
+# (to read a failure's output in order). -v: progress.
+exec python -m pytest -n "${RTSERVER_TEST_WORKERS:-2}" --dist loadfile -v -ra --durations=15 "$@"
