@@ -89,8 +89,8 @@ RETIRE_GRACE_S = 10.0
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 # [orpheus] later_hold_ms at most: a quarter of a second of the listener's buffer
 MAX_LATER_HOLD_MS = 250.0
-# [orpheus] cudagraph_mode: "auto" (vLLM's choice) or a name of vLLM's CUDAGraphMode
-# (0.26 and 0.32)
+# [orpheus] cudagraph_mode: "auto" (engine/graph_mode.py: FULL on a CUDA GPU) or a
+# name of vLLM's CUDAGraphMode (0.26 and 0.32)
 CUDAGRAPH_MODES = ("auto", "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 # Audio tokens of slot i % 7 at output position i; end of speech at frame boundaries.
@@ -141,9 +141,9 @@ class OrpheusConfig:
     cudagraph_mode: str = "auto"
     # A later segment's request waits up to this long (ms) to go to vLLM with the
     # next first segment or with the other later segments held (engine/
-    # submit_gate.py), so fewer of vLLM's steps hold a prefill, which its default
-    # graph mode runs piecewise; a context's first segment never waits. 0: off.
-    # Not yet measured on a GPU.
+    # submit_gate.py), so fewer of vLLM's steps hold a prefill; a context's first
+    # segment never waits. 0: off. 30 ms on top of FULL graphs on an H100 at 256
+    # streams: no gain (bench/results/h100-2026-12-07-s33).
     later_hold_ms: float = 0.0
     enable_prefix_caching: bool = True
     priority_scheduling: bool = True
