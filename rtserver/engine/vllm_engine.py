@@ -9,15 +9,15 @@ DELTA streams of token ids out.
   scheduled ahead of later segments (1). Prefix caching keeps the voice's prompt
   prefix (``<custom_token_3><|begin_of_text|>tara:``) warm.
 - Valid tokens only: a ``CyclicTokenMask`` is enforced while sampling by
-  ``CyclicMaskLogitsProcessor`` (vLLM's V1 logits-processor interface, the same
-  in 0.26 and 0.32). Registering a custom logits processor makes vLLM 0.26 pick
-  its V1 model runner; its V2 runner rejects custom processors, and caps
-  ``allowed_token_ids`` at 1024 ids (``MAX_NUM_ALLOWED_TOKEN_IDS``), less than
-  Orpheus' 28,672 audio tokens. ``token_guard="allowed"`` uses
-  ``allowed_token_ids`` (V1 runner only) instead; ``"none"`` leaves checking
-  to the voice and lets vLLM pick the V2 runner, whose penalties and sampling
-  run on the GPU: on an H200 at 128 streams, Orpheus-3B shapes, 23.5k tokens/s
-  against 16.9k with the mask on V1 (bench/results/h200-orpheus-v2-2026-12-02).
+  ``CyclicMaskLogitsProcessor`` (engine/vllm_mask.py). Registering a custom
+  logits processor makes vLLM 0.26 pick its V1 model runner; its V2 runner
+  rejects custom processors, and caps ``allowed_token_ids`` at 1024 ids
+  (``MAX_NUM_ALLOWED_TOKEN_IDS``), less than Orpheus' 28,672 audio tokens.
+  ``token_guard="allowed"`` uses ``allowed_token_ids`` (V1 runner only)
+  instead; ``"none"`` leaves checking to the voice and lets vLLM pick the V2
+  runner, whose penalties and sampling run on the GPU: on an H200 at 128
+  streams, Orpheus-3B shapes, 23.5k tokens/s against 16.9k with the mask on V1
+  (bench/results/h200-orpheus-v2-2026-12-02).
 - Logits head (``head``, engine/head_vocab.py and engine/vllm_head.py): the
   model computes logits for a few ids only (Orpheus' audio and end tokens);
   its vocabulary is renumbered head first, so prompts and stop ids are mapped
@@ -37,11 +37,11 @@ DELTA streams of token ids out.
   a thread of ours behind the same surface (``engine/vllm_inproc.py``), so a
   vocoder in this process shares vLLM's CUDA context (two contexts on one GPU
   are time-sliced).
-- Stats: a ``StatLoggerBase`` fed by vLLM after every engine step (running,
-  waiting, KV cache usage, prefix cache, tokens, steps and those that gave a
-  request its first token) plus our own time to the first, the 7th and the
-  28th token, measured from submitting to the delta that carries it, as the
-  voice sees it.
+- Stats (engine/vllm_stats.py): a ``StatLoggerBase`` fed by vLLM after every
+  engine step (running, waiting, KV cache usage, prefix cache, tokens, steps
+  and those that gave a request its first token) plus our own time to the
+  first, the 7th and the 28th token, measured from submitting to the delta
+  that carries it, as the voice sees it.
 - CUDA graphs (``cudagraph_mode``, engine/graph_mode.py): "auto" is vLLM's FULL
   mode on a CUDA GPU, which graphs the many steps that hold a prefill (each
   text segment is a request) whole instead of piecewise, with the tokens a
@@ -66,34 +66,30 @@ from vllm import SamplingParams, TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
-from vllm.v1.metrics.loggers import StatLoggerBase
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
 from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
     Adapter,
-    CyclicTokenMask,
     EngineStats,
-    HistogramAccumulator,
     TokenRequest,
 )
 from rtserver.engine.graph_mode import graph_settings
 from rtserver.engine.head_vocab import HeadVocab
 from rtserver.engine.quantization import declared_quantization, resolve_quantization
 from rtserver.engine.submit_gate import SubmitGate
+from rtserver.engine.vllm_mask import CyclicMaskLogitsProcessor, mask_extra_args
+from rtserver.engine.vllm_stats import LiveStats, StatSink, StepCounters
 from rtserver.errors import BadAdapter, ConfigError, EngineDead, EngineFailed
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
     from rtserver.engine.vllm_inproc import InprocLLM
 
 log = logging.getLogger(__name__)
 
 TokenGuard = Literal["mask", "allowed", "none"]
-MASK_ARG = "rtserver_mask"  # SamplingParams.extra_args key read by the logits processor
 GiB = 1 << 30
 
 
@@ -188,7 +184,6 @@ def v2_model_runner_expected() -> bool:
     vLLM's own rule (0.26 ``VllmConfig.use_v2_model_runner``): the
     ``VLLM_USE_V2_MODEL_RUNNER`` override if set, else a CUDA GPU with
     Triton usable (``vllm.triton_utils.HAS_TRITON``)."""
-    import torch
     import vllm.envs as envs
     from vllm.triton_utils import HAS_TRITON
 
@@ -196,201 +191,6 @@ def v2_model_runner_expected() -> bool:
     if forced is not None:
         return bool(forced)
     return bool(HAS_TRITON) and torch.cuda.is_available()
-
-
-@dataclass(frozen=True, slots=True)
-class StepCounters:
-    """Totals of vLLM's engine steps as the frontend saw them."""
-
-    steps: int  # steps that generated tokens
-    generation_tokens: int
-    itl_sum_s: float  # sum of per-request inter-token latencies
-    itl_count: int
-    # of ``steps``, those that gave a request its first token (its prefill ended
-    # there): a batch of prefill and decode, which vLLM's default graph mode
-    # (FULL_AND_PIECEWISE) runs piecewise
-    prefill_steps: int = 0
-
-    def since(self, earlier: StepCounters) -> dict[str, float]:
-        """Over the window from ``earlier``: steps, tokens per step (the decode
-        batch), and the mean inter-token latency in ms (the step time while
-        every request decodes)."""
-        steps = self.steps - earlier.steps
-        tokens = self.generation_tokens - earlier.generation_tokens
-        n = self.itl_count - earlier.itl_count
-        prefill = self.prefill_steps - earlier.prefill_steps
-        return {"steps": steps, "tokens_per_step": round(tokens / steps, 2) if steps else 0.0,
-                "step_ms": round(1e3 * (self.itl_sum_s - earlier.itl_sum_s) / n, 3)
-                if n else 0.0,
-                "prefill_step_share": round(prefill / steps, 3) if steps else 0.0}
-
-
-# --- logits processor (runs in vLLM's worker process) -----------------------
-
-def mask_extra_args(mask: CyclicTokenMask) -> dict[str, Any]:
-    """The ``SamplingParams.extra_args`` entry that turns the mask on for a request."""
-    return {MASK_ARG: {"ranges": [list(r) for r in mask.slot_ranges],
-                       "end": list(mask.end_ids)}}
-
-
-def _mask_key(params: SamplingParams) -> tuple[Any, ...] | None:
-    spec = (params.extra_args or {}).get(MASK_ARG)
-    if spec is None:
-        return None
-    ranges = tuple((int(lo), int(hi)) for lo, hi in spec["ranges"])
-    return ranges, tuple(int(t) for t in spec["end"])
-
-
-class CyclicMaskLogitsProcessor(LogitsProcessor):
-    """Per-position masks: the token sampled at output index ``i`` must lie in
-    ``ranges[i % period]``, or be an end token at a frame boundary.
-
-    One additive table (``period`` x vocab of 0 / -inf) per distinct mask, built
-    once; each step costs a gather and an add over the masked rows.
-    """
-
-    def __init__(self, vllm_config: VllmConfig, device: torch.device,
-                 is_pin_memory: bool) -> None:
-        self._device = device
-        self._pin = is_pin_memory
-        # batch index -> (mask key, the request's live output token list)
-        self._rows: dict[int, tuple[tuple[Any, ...], list[int]]] = {}
-        self._tables: dict[tuple[Any, ...], torch.Tensor] = {}
-
-    @classmethod
-    def validate_params(cls, sampling_params: SamplingParams) -> None:
-        try:
-            key = _mask_key(sampling_params)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"bad {MASK_ARG}: {exc}") from None
-        if key is not None:
-            ranges, _ = key
-            if not ranges or any(lo >= hi for lo, hi in ranges):
-                raise ValueError(f"bad {MASK_ARG} ranges {ranges}")
-
-    def is_argmax_invariant(self) -> bool:
-        return False
-
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self._rows.pop(index, None)
-        for index, params, _prompt, output_ids in batch_update.added:
-            key = self._key_for(params)
-            if key is None:
-                self._rows.pop(index, None)
-            else:
-                self._rows[index] = (key, output_ids)
-        for a, b, direction in batch_update.moved:
-            ra, rb = self._rows.pop(a, None), self._rows.pop(b, None)
-            if ra is not None:
-                self._rows[b] = ra
-            if rb is not None and direction.name == "SWAP":
-                self._rows[a] = rb
-
-    def _key_for(self, params: Any) -> tuple[Any, ...] | None:
-        """The mask a newly added request uses (None: unmasked)."""
-        return _mask_key(params) if params is not None else None
-
-    def _table(self, key: tuple[Any, ...], vocab: int, dtype: torch.dtype) -> torch.Tensor:
-        table = self._tables.get(key)
-        if table is None or table.shape[1] != vocab or table.dtype != dtype:
-            ranges, end_ids = key
-            table = torch.full((len(ranges), vocab), float("-inf"), dtype=dtype)
-            for slot, (lo, hi) in enumerate(ranges):
-                table[slot, lo:min(hi, vocab)] = 0.0
-            for t in end_ids:
-                if t < vocab:
-                    table[0, t] = 0.0
-            table = table.to(self._device)
-            self._tables[key] = table
-        return table
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._rows:
-            return logits
-        groups: dict[tuple[Any, ...], tuple[list[int], list[int]]] = {}
-        for index, (key, output_ids) in self._rows.items():
-            if index >= logits.shape[0]:
-                continue
-            rows, slots = groups.setdefault(key, ([], []))
-            rows.append(index)
-            slots.append(len(output_ids) % len(key[0]))
-        for key, (rows, slots) in groups.items():
-            table = self._table(key, logits.shape[1], logits.dtype)
-            r = torch.tensor(rows, dtype=torch.long, pin_memory=self._pin).to(
-                self._device, non_blocking=True)
-            s = torch.tensor(slots, dtype=torch.long, pin_memory=self._pin).to(
-                self._device, non_blocking=True)
-            logits[r] += table[s]
-        return logits
-
-
-# --- stats -------------------------------------------------------------------
-
-class _LiveStats:
-    """Mutable counters the stat logger and the engine update (event loop only)."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.preemptions = 0
-        self.requests = 0
-        self.aborted = 0
-        self.failed = 0
-        self.ttft = HistogramAccumulator()
-        self.t7 = HistogramAccumulator()
-        self.t28 = HistogramAccumulator()
-        # vLLM's per-request inter-token latencies, one per running request per
-        # engine step: under steady decoding their mean is the decode step time
-        self.steps = 0  # iterations that generated tokens
-        self.prefill_steps = 0  # of them, those with a request's first token
-        self.itl_sum = 0.0
-        self.itl_n = 0
-
-
-class _StatSink(StatLoggerBase):
-    """vLLM calls ``record`` after each engine step, in the frontend process."""
-
-    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0,
-                 *, live: _LiveStats | None = None) -> None:
-        self._live = live if live is not None else _LiveStats()
-
-    def record(self, scheduler_stats: SchedulerStats | None,
-               iteration_stats: IterationStats | None,
-               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
-        live = self._live
-        if scheduler_stats is not None:
-            live.running = scheduler_stats.num_running_reqs
-            live.waiting = scheduler_stats.num_waiting_reqs
-            live.kv_cache_usage = scheduler_stats.kv_cache_usage
-            pc = scheduler_stats.prefix_cache_stats
-            if pc is not None:
-                live.prefix_queries += pc.queries
-                live.prefix_hits += pc.hits
-        if iteration_stats is not None:
-            live.prompt_tokens += iteration_stats.num_prompt_tokens
-            live.generation_tokens += iteration_stats.num_generation_tokens
-            live.preemptions += iteration_stats.num_preempted_reqs
-            if iteration_stats.num_generation_tokens:
-                live.steps += 1
-                # (vLLM counts a prompt's tokens with its request's first token)
-                if iteration_stats.num_prompt_tokens:
-                    live.prefill_steps += 1
-            # (an attribute of vLLM's IterationStats since its V1 metrics; read
-            # defensively: an error here would stop vLLM's output handler)
-            itl = getattr(iteration_stats, "inter_token_latencies_iter", ())
-            live.itl_sum += sum(itl)
-            live.itl_n += len(itl)
-
-    def log_engine_initialized(self) -> None:
-        return None
 
 
 # --- the engine ----------------------------------------------------------------
@@ -406,7 +206,7 @@ class VllmEngine:
         self.config = config
         self._clock = clock  # times to the first, 7th and 28th token
         self._llm: AsyncLLM | InprocLLM | None = None
-        self._live = _LiveStats()
+        self._live = LiveStats()
         self._open: set[str] = set()
         self._dead: BaseException | None = None
         self._adapters: dict[int, Adapter] = {}  # added, by id
@@ -508,8 +308,8 @@ class VllmEngine:
         args = self.engine_args()
         live = self._live
 
-        def sink(vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
-            return _StatSink(vllm_config, engine_index, live=live)
+        def sink(vllm_config: VllmConfig, engine_index: int = 0) -> StatSink:
+            return StatSink(vllm_config, engine_index, live=live)
 
         # Loading takes seconds to minutes: keep the event loop serving /health.
         try:

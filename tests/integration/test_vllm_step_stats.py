@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig, _StatSink
+from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from rtserver.engine.vllm_stats import StatSink
 
 pytestmark = [pytest.mark.vllm]
 
@@ -21,7 +22,7 @@ def step(tokens: int, itl: list[float], prompt: int = 0) -> SimpleNamespace:
 
 def test_step_time_and_batch_over_a_window() -> None:
     engine = VllmEngine(VllmEngineConfig(model="unused"))
-    sink = _StatSink(None, live=engine._live)  # type: ignore[arg-type]
+    sink = StatSink(None, live=engine._live)  # type: ignore[arg-type]
     sink.record(None, step(4, [0.5] * 4))  # before the window
     before = engine.step_counters()
     sink.record(None, step(3, [0.020, 0.020, 0.020]))  # 3 requests decoding, 20 ms steps

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rtserver.engine.vllm_engine import CyclicMaskLogitsProcessor
+from rtserver.engine.vllm_mask import CyclicMaskLogitsProcessor
 from rtserver.voices.orpheus import codes as ot
 
 REFERENCE_MASK_KEY: tuple[Any, ...] = (

@@ -1,0 +1,108 @@
+"""What vLLM's engine steps did, as this process sees them: ``StatSink`` is the
+``StatLoggerBase`` vLLM calls after every step, filling ``LiveStats``;
+``StepCounters`` are totals read from them, compared over a window with ``since``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from rtserver.engine.base import HistogramAccumulator
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+
+@dataclass(frozen=True, slots=True)
+class StepCounters:
+    """Totals of vLLM's engine steps as the frontend saw them."""
+
+    steps: int  # steps that generated tokens
+    generation_tokens: int
+    itl_sum_s: float  # sum of per-request inter-token latencies
+    itl_count: int
+    # of ``steps``, those that gave a request its first token (its prefill ended
+    # there): a batch of prefill and decode, which vLLM's default graph mode
+    # (FULL_AND_PIECEWISE) runs piecewise
+    prefill_steps: int = 0
+
+    def since(self, earlier: StepCounters) -> dict[str, float]:
+        """Over the window from ``earlier``: steps, tokens per step (the decode
+        batch), and the mean inter-token latency in ms (the step time while
+        every request decodes)."""
+        steps = self.steps - earlier.steps
+        tokens = self.generation_tokens - earlier.generation_tokens
+        n = self.itl_count - earlier.itl_count
+        prefill = self.prefill_steps - earlier.prefill_steps
+        return {"steps": steps, "tokens_per_step": round(tokens / steps, 2) if steps else 0.0,
+                "step_ms": round(1e3 * (self.itl_sum_s - earlier.itl_sum_s) / n, 3)
+                if n else 0.0,
+                "prefill_step_share": round(prefill / steps, 3) if steps else 0.0}
+
+
+class LiveStats:
+    """Mutable counters the stat logger and the engine update (event loop only)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preemptions = 0
+        self.requests = 0
+        self.aborted = 0
+        self.failed = 0
+        self.ttft = HistogramAccumulator()
+        self.t7 = HistogramAccumulator()
+        self.t28 = HistogramAccumulator()
+        # vLLM's per-request inter-token latencies, one per running request per
+        # engine step: under steady decoding their mean is the decode step time
+        self.steps = 0  # iterations that generated tokens
+        self.prefill_steps = 0  # of them, those with a request's first token
+        self.itl_sum = 0.0
+        self.itl_n = 0
+
+
+class StatSink(StatLoggerBase):
+    """vLLM calls ``record`` after each engine step, in the frontend process."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0,
+                 *, live: LiveStats | None = None) -> None:
+        self._live = live if live is not None else LiveStats()
+
+    def record(self, scheduler_stats: SchedulerStats | None,
+               iteration_stats: IterationStats | None,
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        live = self._live
+        if scheduler_stats is not None:
+            live.running = scheduler_stats.num_running_reqs
+            live.waiting = scheduler_stats.num_waiting_reqs
+            live.kv_cache_usage = scheduler_stats.kv_cache_usage
+            pc = scheduler_stats.prefix_cache_stats
+            if pc is not None:
+                live.prefix_queries += pc.queries
+                live.prefix_hits += pc.hits
+        if iteration_stats is not None:
+            live.prompt_tokens += iteration_stats.num_prompt_tokens
+            live.generation_tokens += iteration_stats.num_generation_tokens
+            live.preemptions += iteration_stats.num_preempted_reqs
+            if iteration_stats.num_generation_tokens:
+                live.steps += 1
+                # (vLLM counts a prompt's tokens with its request's first token)
+                if iteration_stats.num_prompt_tokens:
+                    live.prefill_steps += 1
+            # (an attribute of vLLM's IterationStats since its V1 metrics; read
+            # defensively: an error here would stop vLLM's output handler)
+            itl = getattr(iteration_stats, "inter_token_latencies_iter", ())
+            live.itl_sum += sum(itl)
+            live.itl_n += len(itl)
+
+    def log_engine_initialized(self) -> None:
+        return None
