@@ -23,8 +23,9 @@ from rtserver.engine.base import SamplingSettings
 from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.voices.base import SynthesisRequest
 from rtserver.voices.orpheus import codes as ot
+from rtserver.voices.orpheus.config import OrpheusConfig
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
-from rtserver.voices.orpheus.voice import OrpheusConfig, OrpheusVoice, load_orpheus_voice
+from rtserver.voices.orpheus.voice import OrpheusVoice, load_orpheus_voice
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

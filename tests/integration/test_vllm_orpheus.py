@@ -19,8 +19,9 @@ import pytest_asyncio
 pytest.importorskip("vllm")
 
 from rtserver.tools.layouts.snac import write_tiny_snac
+from rtserver.voices.orpheus.config import OrpheusConfig
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
-from rtserver.voices.orpheus.voice import OrpheusConfig, OrpheusVoice, load_orpheus_voice
+from rtserver.voices.orpheus.voice import OrpheusVoice, load_orpheus_voice
 
 from . import orpheus_checks as check
 

@@ -15,7 +15,7 @@ from rtserver.engine.head_vocab import HeadVocab, merge_ranges, vocab_order
 from rtserver.errors import ConfigError
 from rtserver.voices.orpheus import codes as ot
 from rtserver.voices.orpheus import voice as orpheus_voice
-from rtserver.voices.orpheus.voice import OrpheusConfig
+from rtserver.voices.orpheus.config import OrpheusConfig
 
 
 def test_merge_ranges_joins_runs() -> None:

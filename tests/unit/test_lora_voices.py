@@ -11,8 +11,8 @@ from safetensors.numpy import load_file
 
 from rtserver.errors import BadAdapter, UnknownVoice
 from rtserver.tools.layouts.lora import ALL_LINEAR, lora_tensor_shapes, write_lora_adapter
+from rtserver.voices.orpheus.config import OrpheusConfig, check_adapter_folder
 from rtserver.voices.orpheus.layout import llama_config
-from rtserver.voices.orpheus.voice import OrpheusConfig, check_adapter_folder
 
 
 def test_adapter_tensors_are_named_and_shaped_as_peft_writes_them() -> None:

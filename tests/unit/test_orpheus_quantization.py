@@ -16,8 +16,8 @@ from rtserver.engine.quantization import (
     resolve_quantization,
 )
 from rtserver.errors import ConfigError
+from rtserver.voices.orpheus.config import KV_CACHE_DTYPES, OrpheusConfig
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
-from rtserver.voices.orpheus.voice import KV_CACHE_DTYPES, OrpheusConfig
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 

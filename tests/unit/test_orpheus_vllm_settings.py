@@ -12,8 +12,9 @@ import pytest
 from rtserver.config import load_config
 from rtserver.engine.graph_mode import graph_settings, largest_graphed_batch
 from rtserver.errors import ConfigError
+from rtserver.voices.orpheus.config import CUDAGRAPH_MODES, OrpheusConfig
 from rtserver.voices.orpheus.layout import write_tiny_orpheus
-from rtserver.voices.orpheus.voice import CUDAGRAPH_MODES, OrpheusConfig, _engine_config
+from rtserver.voices.orpheus.voice import _engine_config
 
 
 def test_every_mode_is_a_vllm_cudagraph_mode() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rtserver.voices.orpheus.voice import OrpheusConfig
+from rtserver.voices.orpheus.config import OrpheusConfig
 
 
 @pytest.mark.parametrize("batches", [(8, 0), (-1,)])

@@ -16,7 +16,7 @@ from rtserver.errors import ConfigError, UnknownVoice
 from rtserver.protocol.session import Session, SessionLimits
 from rtserver.voices import registry
 from rtserver.voices.base import SynthesisRequest, VoiceInfo
-from rtserver.voices.orpheus.voice import OrpheusConfig
+from rtserver.voices.orpheus.config import OrpheusConfig
 from rtserver.voices.registry import (
     FamilyVoices,
     VoiceFamily,

@@ -37,7 +37,7 @@ from typing import Any
 from rtserver.tools.bench.machine import describe
 from rtserver.tools.bench.stats import summarize
 from rtserver.vocoder.config import VOCODER_DTYPES
-from rtserver.voices.orpheus.voice import CUDAGRAPH_MODES
+from rtserver.voices.orpheus.config import CUDAGRAPH_MODES
 
 PROMPT_TEXT = "Hello there, this is a benchmark of how quickly the first audio arrives."
 
@@ -280,7 +280,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
     from rtserver.vocoder.config import VocoderConfig
-    from rtserver.voices.orpheus.voice import OrpheusConfig, load_orpheus_voice
+    from rtserver.voices.orpheus.config import OrpheusConfig
+    from rtserver.voices.orpheus.voice import load_orpheus_voice
 
     snac_dir = args.snac_dir
     tmp = None

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from rtserver.engine.base import ProfiledEngine
 from rtserver.errors import ConfigError, UnknownVoice
 from rtserver.voices.base import Voice
+from rtserver.voices.orpheus.config import OrpheusConfig
 from rtserver.voices.orpheus.voice import FAMILY as NAME
-from rtserver.voices.orpheus.voice import OrpheusConfig, OrpheusRuntime, load_orpheus_runtime
+from rtserver.voices.orpheus.voice import OrpheusRuntime, load_orpheus_runtime
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, VoiceSettings
 
 
