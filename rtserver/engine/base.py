@@ -201,6 +201,29 @@ class HistogramAccumulator:
         return HistogramData(self._bounds, tuple(self._counts), self._sum, self._n)
 
 
+class TokenTimes:
+    """Each request's time from submit to its first, 7th and 28th token
+    (``EngineStats.ttft``, ``t7``, ``t28``), as its consumer receives them;
+    fed from the event loop only."""
+
+    __slots__ = ("t7", "t28", "ttft")
+
+    def __init__(self) -> None:
+        self.ttft = HistogramAccumulator()
+        self.t7 = HistogramAccumulator()
+        self.t28 = HistogramAccumulator()
+
+    def observe(self, before: int, after: int, elapsed_s: float) -> None:
+        """A delta took a request from ``before`` to ``after`` tokens,
+        ``elapsed_s`` after it was submitted."""
+        if before == 0 < after:
+            self.ttft.observe(elapsed_s)
+        if before < 7 <= after:
+            self.t7.observe(elapsed_s)
+        if before < 28 <= after:
+            self.t28.observe(elapsed_s)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine. ``running``/``waiting``/``kv_cache_usage``

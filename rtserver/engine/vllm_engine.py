@@ -408,8 +408,7 @@ class VllmEngine:
         await self.gate.wait(urgent=request.priority <= 0)
         live.requests += 1
         self._open.add(rid)
-        first = True
-        count = 0  # tokens so far, for the time to 7 and to 28 tokens
+        count = 0  # tokens so far, for the times to the first, 7th and 28th
         finished = False
         try:
             stream = llm.generate(prompt, params, rid, priority=priority, lora_request=lora)
@@ -420,14 +419,8 @@ class VllmEngine:
                     if out.finished:
                         finished = True
                     if ids:
-                        if first:
-                            first = False
-                            live.ttft.observe(now() - started)
                         before, count = count, count + len(ids)
-                        if before < 7 <= count:
-                            live.t7.observe(now() - started)
-                        if before < 28 <= count:
-                            live.t28.observe(now() - started)
+                        live.times.observe(before, count, now() - started)
                         yield head.from_model(ids) if head is not None else ids
                     if completion is not None and completion.finish_reason == "abort":
                         live.aborted += 1
@@ -528,9 +521,9 @@ class VllmEngine:
             prefix_cache_queries_total=live.prefix_queries,
             prefix_cache_hits_total=live.prefix_hits,
             preemptions_total=live.preemptions,
-            ttft=live.ttft.snapshot(),
-            t7=live.t7.snapshot(),
-            t28=live.t28.snapshot(),
+            ttft=live.times.ttft.snapshot(),
+            t7=live.times.t7.snapshot(),
+            t28=live.times.t28.snapshot(),
         )
 
     def step_counters(self) -> StepCounters:

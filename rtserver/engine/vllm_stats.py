@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from rtserver.engine.base import HistogramAccumulator
+from rtserver.engine.base import TokenTimes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -59,9 +59,7 @@ class LiveStats:
         self.requests = 0
         self.aborted = 0
         self.failed = 0
-        self.ttft = HistogramAccumulator()
-        self.t7 = HistogramAccumulator()
-        self.t28 = HistogramAccumulator()
+        self.times = TokenTimes()
         # vLLM's per-request inter-token latencies, one per running request per
         # engine step: under steady decoding their mean is the decode step time
         self.steps = 0  # iterations that generated tokens

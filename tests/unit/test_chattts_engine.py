@@ -105,7 +105,13 @@ async def test_batched_equals_alone(assets: LmAssets) -> None:
             return await collect(engine, r)
 
         together = await asyncio.gather(*(late(r, 0.002 * i) for i, r in enumerate(reqs)))
-        assert engine.stats().requests_total == len(reqs)
+        stats = engine.stats()
+    assert stats.requests_total == len(reqs)
+    # a time to the first, the 7th and the 28th step for each request that got that far
+    steps = [len(codes) for codes, _ in together]
+    assert (stats.ttft.count, stats.t7.count, stats.t28.count) == (
+        sum(n >= 1 for n in steps), sum(n >= 7 for n in steps), sum(n >= 28 for n in steps))
+    assert stats.t28.count > 0
     for (rid, *_), (c1, h1), (c2, h2) in zip(TEXTS, alone, together, strict=True):
         assert c1.shape == c2.shape, rid
         np.testing.assert_array_equal(c1, c2, err_msg=rid)

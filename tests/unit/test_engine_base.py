@@ -18,6 +18,7 @@ from rtserver.engine.base import (
     MultiCodebookEngine,
     PromptEmbedding,
     TokenRequest,
+    TokenTimes,
 )
 
 
@@ -120,3 +121,16 @@ async def test_a_multi_codebook_engine_streams_code_deltas_through_the_protocol(
             if len(firsts) == 4:
                 break  # the consumer stops early: closing ends the request
     assert firsts == [0, 1, 2, 3]
+
+
+def test_token_times_count_each_milestone_once_whatever_the_delta_sizes() -> None:
+    times = TokenTimes()
+    # one request in deltas of 1, 5, 30 tokens; another whose first delta holds 28
+    for before, after, at in ((0, 1, 0.01), (1, 6, 0.02), (6, 36, 0.2), (0, 28, 0.5)):
+        times.observe(before, after, at)
+    times.observe(36, 40, 0.3)  # past every milestone: nothing
+    ttft, t7, t28 = (h.snapshot() for h in (times.ttft, times.t7, times.t28))
+    assert (ttft.count, t7.count, t28.count) == (2, 2, 2)
+    assert abs(ttft.total - 0.51) < 1e-9
+    assert abs(t7.total - 0.7) < 1e-9  # the delta that carried the 7th: 0.2 and 0.5
+    assert abs(t28.total - 0.7) < 1e-9

@@ -53,8 +53,8 @@ from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
     CodeDelta,
     EngineStats,
-    HistogramAccumulator,
     TokenRequest,
+    TokenTimes,
 )
 from rtserver.errors import EngineDead, EngineFailed, Overloaded
 from rtserver.voices.chattts.engine.counters import StepCounters, metric_counters
@@ -169,9 +169,7 @@ class TorchCodeEngine:
         self._failed = 0
         self._prompt_tokens = 0
         self._gen_tokens = 0
-        self._ttft = HistogramAccumulator()
-        self._t7 = HistogramAccumulator()
-        self._t28 = HistogramAccumulator()
+        self._times = TokenTimes()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -308,14 +306,8 @@ class TorchCodeEngine:
                         error = err
                     finished = finished or done
                 if codes:
-                    now = self._clock.now()
                     before, count = count, count + len(codes)
-                    if before == 0:
-                        self._ttft.observe(now - started)
-                    if before < 7 <= count:
-                        self._t7.observe(now - started)
-                    if before < 28 <= count:
-                        self._t28.observe(now - started)
+                    self._times.observe(before, count, self._clock.now() - started)
                     yield CodeDelta(tuple(codes), np.concatenate(hidden)
                                     if request.want_hidden and hidden else None)
                 if error is not None:
@@ -408,7 +400,8 @@ class TorchCodeEngine:
             requests_total=self._requests, aborted_total=self._aborted,
             failed_total=self._failed, prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._gen_tokens,
-            ttft=self._ttft.snapshot(), t7=self._t7.snapshot(), t28=self._t28.snapshot())
+            ttft=self._times.ttft.snapshot(), t7=self._times.t7.snapshot(),
+            t28=self._times.t28.snapshot())
 
     def counters(self) -> dict[str, tuple[str, float]]:
         """Extra counters for /metrics (``rtserver_engine_<name>_total``): ``rate()`` of
