@@ -78,11 +78,10 @@ from rtserver.engine.head_vocab import HeadVocab
 from rtserver.engine.quantization import declared_quantization, resolve_quantization
 from rtserver.engine.submit_gate import SubmitGate
 from rtserver.engine.vllm_mask import CyclicMaskLogitsProcessor, mask_extra_args
-from rtserver.engine.vllm_stats import LiveStats, StatSink, StepCounters
+from rtserver.engine.vllm_stats import LiveStats, StepCounters, stat_loggers
 from rtserver.errors import BadAdapter, ConfigError, EngineDead, EngineFailed
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from rtserver.engine.vllm_inproc import InprocLLM
@@ -306,23 +305,19 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = self.engine_args()
-        live = self._live
-
-        def sink(vllm_config: VllmConfig, engine_index: int = 0) -> StatSink:
-            return StatSink(vllm_config, engine_index, live=live)
-
+        loggers = stat_loggers(self._live)
         # Loading takes seconds to minutes: keep the event loop serving /health.
         try:
             if self.config.engine_process == "inproc":
                 from rtserver.engine.vllm_inproc import InprocLLM
 
                 inproc = await asyncio.to_thread(InprocLLM.from_engine_args, args,
-                                                 stat_loggers=[sink])
+                                                 stat_loggers=loggers)
                 inproc.start(asyncio.get_running_loop())
                 self._llm = inproc
             else:
                 self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
-                                                    stat_loggers=[sink])
+                                                    stat_loggers=loggers)
         except Exception as exc:
             raise ConfigError(f"vLLM failed to start on {self.config.model}: {exc}") from exc
 

@@ -1,6 +1,8 @@
 """What vLLM's engine steps did, as this process sees them: ``StatSink`` is the
 ``StatLoggerBase`` vLLM calls after every step, filling ``LiveStats``;
 ``StepCounters`` are totals read from them, compared over a window with ``since``.
+``stat_loggers`` is what the engine hands vLLM: the sink, and ``NoPrometheus`` in
+place of vLLM's own Prometheus logger.
 """
 
 from __future__ import annotations
@@ -8,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 
 from rtserver.engine.base import TokenTimes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.metrics.loggers import StatLoggerFactory
     from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
 
@@ -104,3 +107,44 @@ class StatSink(StatLoggerBase):
 
     def log_engine_initialized(self) -> None:
         return None
+
+
+class NoPrometheus(PrometheusStatLogger):
+    """Takes the place of vLLM's own Prometheus logger and records nothing.
+
+    vLLM's ``StatLoggerManager`` adds a ``PrometheusStatLogger`` unless one is
+    among the custom loggers (vLLM 0.26 and 0.32). Its metrics go to
+    prometheus_client's default registry, which rtserver never serves (its
+    /metrics are its own registries), and recording them took 5-7 % of the GPU
+    worker's main-thread samples at 256 Orpheus streams (py-spy,
+    bench/results/h100-2026-12-07-s33, spy-worker.txt.gz).
+    """
+
+    def __init__(self, vllm_config: VllmConfig | None = None,
+                 engine_indexes: list[int] | None = None) -> None:
+        # (vLLM's __init__ builds and registers every metric: not called)
+        self.engine_indexes = engine_indexes or [0]
+
+    def record(self, scheduler_stats: SchedulerStats | None,
+               iteration_stats: IterationStats | None,
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        return None
+
+    def record_sleep_state(self, is_awake: int = 0, level: int = 0) -> None:
+        return None
+
+    def log(self) -> None:
+        return None
+
+    def log_engine_initialized(self) -> None:
+        return None
+
+
+def stat_loggers(live: LiveStats) -> list[StatLoggerFactory]:
+    """The ``stat_loggers`` an engine hands vLLM: a ``StatSink`` filling ``live``,
+    and ``NoPrometheus``."""
+
+    def sink(vllm_config: VllmConfig, engine_index: int = 0) -> StatSink:
+        return StatSink(vllm_config, engine_index, live=live)
+
+    return [sink, NoPrometheus]

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from rtserver.engine.vllm_engine import VllmEngine, VllmEngineConfig
-from rtserver.engine.vllm_stats import StatSink
+from rtserver.engine.vllm_stats import NoPrometheus, StatSink, stat_loggers
 
 pytestmark = [pytest.mark.vllm]
 
@@ -36,3 +36,22 @@ def test_step_time_and_batch_over_a_window() -> None:
     assert engine.step_counters().prefill_steps == 1
     assert engine.step_counters().since(engine.step_counters()) == {
         "steps": 0, "tokens_per_step": 0.0, "step_ms": 0.0, "prefill_step_share": 0.0}
+
+
+def test_vllm_keeps_no_prometheus_logger_of_its_own() -> None:
+    """vLLM's own StatLoggerManager, given the engine's loggers: our sink gets
+    each step, and vLLM's Prometheus logger (metrics rtserver never serves) is
+    not made, so nothing registers vLLM's metrics or records into them."""
+    from prometheus_client import REGISTRY
+    from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
+
+    engine = VllmEngine(VllmEngineConfig(model="unused"))
+    manager = StatLoggerManager(vllm_config=None,  # type: ignore[arg-type]
+                                custom_stat_loggers=stat_loggers(engine._live),
+                                enable_default_loggers=False)
+    prometheus = [lg for lg in manager.stat_loggers if isinstance(lg, PrometheusStatLogger)]
+    assert prometheus and all(isinstance(lg, NoPrometheus) for lg in prometheus)
+    manager.record(None, step(3, [0.02] * 3))  # type: ignore[arg-type]
+    manager.log()
+    assert engine.step_counters().steps == 1
+    assert not [m for m in REGISTRY.collect() if m.name.startswith("vllm:")]
