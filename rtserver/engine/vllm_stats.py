@@ -117,7 +117,7 @@ class NoPrometheus(PrometheusStatLogger):
     prometheus_client's default registry, which rtserver never serves (its
     /metrics are its own registries), and recording them took 5-7 % of the GPU
     worker's main-thread samples at 256 Orpheus streams (py-spy,
-    bench/results/h100-2026-12-07-s33, spy-worker.txt.gz).
+    bench/results/h100-2026-12-07-s33/profiles.md).
     """
 
     def __init__(self, vllm_config: VllmConfig | None = None,
