@@ -149,3 +149,13 @@ def test_budget_from_text_length() -> None:
     assert b.max_tokens(text) > 0.8 * len(text) * 7 * 1.5
     assert b.max_tokens("x" * 100_000) == b.max_frames * 7 + 1
     assert b.max_tokens(text, limit=50) == 50
+
+
+def test_a_delta_that_completes_no_frame_gives_an_empty_read_only_array() -> None:
+    frame = _frame_tokens([1, 2, 3, 4, 5, 6, 7])
+    asm = ot.FrameAssembler()
+    partial = [asm.feed([t]) for t in frame[:6]]
+    assert all(p.shape == (0, 7) and p.dtype == np.int64 for p in partial)
+    assert not any(p.flags.writeable for p in partial)  # one shared array: nobody changes it
+    done = asm.feed(frame[6:])  # the frame's last token: a frame of its own, writable
+    assert done.tolist() == [[1, 2, 5, 3, 4, 6, 7]] and done.flags.writeable

@@ -144,6 +144,14 @@ def frames_to_tokens(frames: IntArray) -> list[int]:
     return out
 
 
+# What ``feed`` returns while no frame completed (most deltas: a token each at
+# stream_interval 1), shared and read-only: a fresh np.zeros per token was 3 % of
+# the GPU worker's main-thread samples at 256 streams
+# (bench/results/h100-2026-12-07-s33/profiles.md, n2: codes.py:194, 43 of 1,391).
+_NO_FRAMES = np.zeros((0, FRAME_TOKENS), dtype=np.int64)
+_NO_FRAMES.setflags(write=False)
+
+
 class FrameAssembler:
     """Turns the model's token stream into complete frames, in neutral order.
 
@@ -191,7 +199,7 @@ class FrameAssembler:
             self.position += 1
         complete = len(self._codes) // FRAME_TOKENS
         if complete == 0:
-            return np.zeros((0, FRAME_TOKENS), dtype=np.int64)
+            return _NO_FRAMES
         slots = np.asarray(self._codes[:complete * FRAME_TOKENS], dtype=np.int64)
         del self._codes[:complete * FRAME_TOKENS]
         self.frames += complete
