@@ -5,8 +5,12 @@ import importlib.util
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from rtserver.voices.chattts.assets import LmAssets
 
 # The suite is deterministic: property tests draw the same examples on every run
 # (hypothesis' default draws new ones each run, so two fresh clones could fail on
@@ -45,3 +49,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             return (yield)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> LmAssets:
+    """The tiny ChatTTS checkpoint's GPT side (no decoder), written once a test
+    module (the torch engine's tests; torch imported only when asked for)."""
+    from rtserver.tools.layouts.chattts import write_tiny_chattts
+    from rtserver.voices.chattts.assets import load_lm_assets
+
+    root = tmp_path_factory.mktemp("chattts")
+    write_tiny_chattts(root, decoder=False)
+    return load_lm_assets(root)

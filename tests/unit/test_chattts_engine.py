@@ -24,20 +24,12 @@ from rtserver.engine.base import (  # noqa: E402
 )
 from rtserver.errors import EngineFailed, Overloaded  # noqa: E402
 from rtserver.testing.wait import wait_until_async  # noqa: E402
-from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
-from rtserver.voices.chattts.assets import LmAssets, load_lm_assets  # noqa: E402
+from rtserver.voices.chattts.assets import LmAssets  # noqa: E402
 from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
 from rtserver.voices.chattts.engine.model import ChatLM  # noqa: E402
 
 # ChatTTS InferCodeParams defaults (upstream core.py)
 SAMPLING = SamplingSettings(temperature=0.3, top_p=0.7, top_k=20, repetition_penalty=1.05)
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> LmAssets:
-    root = tmp_path_factory.mktemp("chattts")
-    write_tiny_chattts(root, decoder=False)
-    return load_lm_assets(root)
 
 
 def make_engine(assets: LmAssets, *, slots: int = 4, max_len: int = 256,

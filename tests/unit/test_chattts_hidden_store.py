@@ -20,20 +20,13 @@ from rtserver.testing.wait import wait_until_async  # noqa: E402
 from rtserver.tools.layouts.chattts import write_tiny_chattts  # noqa: E402
 from rtserver.tools.layouts.chattts_decoder import write_tiny_decoder_assets  # noqa: E402
 from rtserver.voices.base import SynthesisRequest  # noqa: E402
-from rtserver.voices.chattts.assets import LmAssets, load_lm_assets  # noqa: E402
+from rtserver.voices.chattts.assets import LmAssets  # noqa: E402
 from rtserver.voices.chattts.config import ChatTTSConfig  # noqa: E402
 from rtserver.voices.chattts.decoder.checkpoint import load_audio_models  # noqa: E402
 from rtserver.voices.chattts.decoder.model import ChatTTSWindowDecoder, StepWindow  # noqa: E402
 from rtserver.voices.chattts.engine.engine import TorchCodeEngine, TorchEngineConfig  # noqa: E402
 from rtserver.voices.chattts.engine.model import ChatLM  # noqa: E402
 from rtserver.voices.chattts.voice import build_runtime  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> LmAssets:
-    root = tmp_path_factory.mktemp("chattts")
-    write_tiny_chattts(root, decoder=False)
-    return load_lm_assets(root)
 
 
 @contextlib.asynccontextmanager

@@ -14,18 +14,10 @@ from rtserver.engine.base import (
     TokenRequest,
 )
 from rtserver.errors import EngineFailed
-from rtserver.tools.layouts.chattts import write_tiny_chattts
-from rtserver.voices.chattts.assets import LmAssets, load_lm_assets
+from rtserver.voices.chattts.assets import LmAssets
 from rtserver.voices.chattts.engine.intake import check_refine, prefill_inputs
 from rtserver.voices.chattts.engine.model import ChatLM
 from rtserver.voices.chattts.engine.runner import MAX_STOPS
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> LmAssets:
-    root = tmp_path_factory.mktemp("chattts")
-    write_tiny_chattts(root, decoder=False)
-    return load_lm_assets(root)
 
 
 @pytest.fixture(scope="module")
