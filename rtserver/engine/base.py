@@ -250,6 +250,37 @@ class EngineStats:
     t28: HistogramData = field(default_factory=lambda: HistogramAccumulator().snapshot())
 
 
+class EngineTally:
+    """The counts behind an engine's ``EngineStats``, kept by the engine (plain
+    numbers: one writer each, read whole by ``snapshot``)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.requests = 0
+        self.aborted = 0
+        self.failed = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preemptions = 0
+        self.times = TokenTimes()
+
+    def snapshot(self, in_flight: int) -> EngineStats:
+        """``EngineStats`` now; ``in_flight``: the requests the engine holds open."""
+        times = self.times
+        return EngineStats(
+            running=self.running, waiting=self.waiting, kv_cache_usage=self.kv_cache_usage,
+            in_flight=in_flight, requests_total=self.requests, aborted_total=self.aborted,
+            failed_total=self.failed, prompt_tokens_total=self.prompt_tokens,
+            generation_tokens_total=self.generation_tokens,
+            prefix_cache_queries_total=self.prefix_queries,
+            prefix_cache_hits_total=self.prefix_hits, preemptions_total=self.preemptions,
+            ttft=times.ttft.snapshot(), t7=times.t7.snapshot(), t28=times.t28.snapshot())
+
+
 D_co = TypeVar("D_co", covariant=True)
 
 

@@ -502,24 +502,7 @@ class VllmEngine:
             await self._abort_quietly(llm, request_id)
 
     def stats(self) -> EngineStats:
-        live = self._live
-        return EngineStats(
-            running=live.running,
-            waiting=live.waiting,
-            kv_cache_usage=live.kv_cache_usage,
-            in_flight=len(self._open),
-            requests_total=live.requests,
-            aborted_total=live.aborted,
-            failed_total=live.failed,
-            prompt_tokens_total=live.prompt_tokens,
-            generation_tokens_total=live.generation_tokens,
-            prefix_cache_queries_total=live.prefix_queries,
-            prefix_cache_hits_total=live.prefix_hits,
-            preemptions_total=live.preemptions,
-            ttft=live.times.ttft.snapshot(),
-            t7=live.times.t7.snapshot(),
-            t28=live.times.t28.snapshot(),
-        )
+        return self._live.snapshot(in_flight=len(self._open))
 
     def step_counters(self) -> StepCounters:
         """Running totals of engine steps; the difference of two is a window's

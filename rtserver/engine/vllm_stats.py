@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 
-from rtserver.engine.base import TokenTimes
+from rtserver.engine.base import EngineTally
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -47,22 +47,12 @@ class StepCounters:
                 "prefill_step_share": round(prefill / steps, 3) if steps else 0.0}
 
 
-class LiveStats:
-    """Mutable counters the stat logger and the engine update (event loop only)."""
+class LiveStats(EngineTally):
+    """The engine's tally, which the stat logger and the engine update (event
+    loop only), and vLLM's step totals behind ``StepCounters``."""
 
     def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.preemptions = 0
-        self.requests = 0
-        self.aborted = 0
-        self.failed = 0
-        self.times = TokenTimes()
+        super().__init__()
         # vLLM's per-request inter-token latencies, one per running request per
         # engine step: under steady decoding their mean is the decode step time
         self.steps = 0  # iterations that generated tokens

@@ -14,6 +14,7 @@ from rtserver.engine.base import (
     CodeDelta,
     EngineCollector,
     EngineStats,
+    EngineTally,
     HistogramAccumulator,
     MultiCodebookEngine,
     PromptEmbedding,
@@ -134,3 +135,17 @@ def test_token_times_count_each_milestone_once_whatever_the_delta_sizes() -> Non
     assert abs(ttft.total - 0.51) < 1e-9
     assert abs(t7.total - 0.7) < 1e-9  # the delta that carried the 7th: 0.2 and 0.5
     assert abs(t28.total - 0.7) < 1e-9
+
+
+def test_a_tally_snapshots_every_count_into_its_own_field() -> None:
+    t = EngineTally()
+    (t.running, t.waiting, t.kv_cache_usage, t.requests, t.aborted, t.failed, t.prompt_tokens,
+     t.generation_tokens, t.prefix_queries, t.prefix_hits, t.preemptions) = (
+        1, 2, 0.5, 3, 4, 5, 6, 7, 8, 9, 10)
+    t.times.observe(0, 28, 0.1)
+    s = t.snapshot(in_flight=11)
+    assert (s.running, s.waiting, s.kv_cache_usage, s.requests_total, s.aborted_total,
+            s.failed_total, s.prompt_tokens_total, s.generation_tokens_total,
+            s.prefix_cache_queries_total, s.prefix_cache_hits_total, s.preemptions_total,
+            s.in_flight) == (1, 2, 0.5, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+    assert (s.ttft.count, s.t7.count, s.t28.count) == (1, 1, 1)

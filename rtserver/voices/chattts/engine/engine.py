@@ -53,8 +53,8 @@ from rtserver.clock import SYSTEM_CLOCK, Clock
 from rtserver.engine.base import (
     CodeDelta,
     EngineStats,
+    EngineTally,
     TokenRequest,
-    TokenTimes,
 )
 from rtserver.errors import EngineDead, EngineFailed, Overloaded
 from rtserver.voices.chattts.engine.counters import StepCounters, metric_counters
@@ -162,14 +162,7 @@ class TorchCodeEngine:
         self._ending: list[Seq] = []  # ended this turn, finished after the hand-over
         # stats (written by the thread; read by the loop: plain numbers, no locking needed)
         self.counters_ = StepCounters()
-        self._running = 0
-        self._n_waiting = 0
-        self._requests = 0
-        self._aborted = 0
-        self._failed = 0
-        self._prompt_tokens = 0
-        self._gen_tokens = 0
-        self._times = TokenTimes()
+        self._tally = EngineTally()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -277,13 +270,13 @@ class TorchCodeEngine:
         rid = request.request_id
         if rid in self._streams:
             raise EngineFailed(f"request id {rid} is already running")
-        if self._n_waiting + self._inbox.qsize() >= self.config.max_waiting:
+        if self._tally.waiting + self._inbox.qsize() >= self.config.max_waiting:
             raise Overloaded(f"the engine queue is full ({self.config.max_waiting} waiting)",
                              retry_after_ms=self.config.retry_after_ms)
         q: asyncio.Queue[_Event] = asyncio.Queue()
         self._streams[rid] = q
-        self._requests += 1
-        self._prompt_tokens += len(request.prompt_token_ids)
+        self._tally.requests += 1
+        self._tally.prompt_tokens += len(request.prompt_token_ids)
         self._inbox.put(("submit", pending))
         self._wake.set()
         started = pending.submitted
@@ -307,18 +300,18 @@ class TorchCodeEngine:
                     finished = finished or done
                 if codes:
                     before, count = count, count + len(codes)
-                    self._times.observe(before, count, self._clock.now() - started)
+                    self._tally.times.observe(before, count, self._clock.now() - started)
                     yield CodeDelta(tuple(codes), np.concatenate(hidden)
                                     if request.want_hidden and hidden else None)
                 if error is not None:
-                    self._failed += 1
+                    self._tally.failed += 1
                     raise error
                 if finished:
                     return
         finally:
             self._streams.pop(rid, None)
             if not finished:
-                self._aborted += 1
+                self._tally.aborted += 1
                 self._inbox.put(("abort", rid))
                 self._wake.set()
 
@@ -367,7 +360,7 @@ class TorchCodeEngine:
     async def abort(self, request_id: str) -> None:
         q = self._streams.pop(request_id, None)
         if q is not None:
-            self._aborted += 1
+            self._tally.aborted += 1
             self._inbox.put(("abort", request_id))
             self._wake.set()
             q.put_nowait((request_id, None, None, True, None))
@@ -393,15 +386,7 @@ class TorchCodeEngine:
             self._wake.set()
 
     def stats(self) -> EngineStats:
-        slots = self._model.slots if self._model is not None else 1
-        return EngineStats(
-            running=self._running, waiting=self._n_waiting,
-            kv_cache_usage=self._running / slots, in_flight=len(self._streams),
-            requests_total=self._requests, aborted_total=self._aborted,
-            failed_total=self._failed, prompt_tokens_total=self._prompt_tokens,
-            generation_tokens_total=self._gen_tokens,
-            ttft=self._times.ttft.snapshot(), t7=self._times.t7.snapshot(),
-            t28=self._times.t28.snapshot())
+        return self._tally.snapshot(in_flight=len(self._streams))
 
     def counters(self) -> dict[str, tuple[str, float]]:
         """Extra counters for /metrics (``rtserver_engine_<name>_total``): ``rate()`` of
@@ -415,7 +400,7 @@ class TorchCodeEngine:
         return ho.kept if ho is not None else 0
 
     def slots_in_use(self) -> int:
-        return self._running
+        return self._tally.running
 
     def _deliver(self, events: list[_Event], batch: Batch | None = None) -> None:
         streams = self._streams
@@ -497,8 +482,9 @@ class TorchCodeEngine:
                         ph[2] += time.perf_counter() - tr
                         ph[3] += time.thread_time() - cr
                     prev = rec
-                    self._running = sched.running
-                    self._n_waiting = sched.waiting
+                    tally = self._tally
+                    tally.running, tally.waiting = sched.running, sched.waiting
+                    tally.kv_cache_usage = sched.running / sched.config.slots
                     if prev is None:  # nothing in flight: no launch comes to post after
                         held = self._post_held(held, [], ph)
                     if rec is not None:
@@ -564,7 +550,7 @@ class TorchCodeEngine:
                 self._step_of(rows[i], r, i, int(flags[i]), out)
         batch = ho.flush(runner.np_ring_i, runner.np_ring_h if self._n_hidden > 0 else None)
         if batch is not None:
-            self._gen_tokens += batch.ends[-1]
+            self._tally.generation_tokens += batch.ends[-1]
         for seq in self._ending:
             self._end(seq)
         self._ending.clear()
