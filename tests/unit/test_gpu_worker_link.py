@@ -47,15 +47,15 @@ DEAF = GpuConfig(heartbeat_s=0.05, timeout_s=60.0, request_buffer_s=1.0)
 class FakeVoice:
     """``chunks`` chunks of 100 ms whose first sample is the chunk's index;
     ``hang``: one chunk, then waits until cancelled; ``hold``: the first
-    chunk waits for it (a request queued for its first output). Counts what
-    is open."""
+    chunk waits for it (a request queued for its first output); ``linger``:
+    after its chunks, waits until cancelled. Counts what is open."""
 
     def __init__(self, name: str, *, chunks: int = 5, hang: bool = False,
                  die: bool = False, pause_s: float = 0.0,
-                 hold: asyncio.Event | None = None) -> None:
+                 hold: asyncio.Event | None = None, linger: bool = False) -> None:
         self._info = VoiceInfo(name=name, family="fake", sample_rate=RATE, chunk_plan_ms=(100.0,))
         self.chunks, self.hang, self.die, self.pause_s = chunks, hang, die, pause_s
-        self.hold = hold
+        self.hold, self.linger = hold, linger
         self.open = 0
         self.cancelled = 0
         self.requests: list[SynthesisRequest] = []
@@ -89,6 +89,8 @@ class FakeVoice:
                 if self.hang:
                     await asyncio.Event().wait()
                 await asyncio.sleep(self.pause_s)
+            if self.linger:
+                await asyncio.Event().wait()
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled += 1
             raise
@@ -289,11 +291,13 @@ async def test_a_front_end_gone_mid_stream_is_seen_at_the_next_chunk(tmp_path: P
 
 
 async def test_a_consumer_that_does_not_take_its_audio_fails_overloaded(tmp_path: Path) -> None:
-    voice = FakeVoice("fake:a", chunks=40)  # 4 s, past the 1 s bound
+    voice = FakeVoice("fake:a", chunks=40, linger=True)  # 4 s, past the 1 s bound
     async with rig(tmp_path, [voice]) as (_, link, remote):
         gen = remote["fake:a"].synthesize(request("r1"))
         await gen.__anext__()
-        await until(lambda: voice.open == 0)  # the worker never waited for us
+        # the worker sent all 40 without waiting for us; the front end, holding
+        # more than 1 s not taken, cancelled the request there
+        await until(lambda: voice.cancelled == 1)
         with pytest.raises(Overloaded):
             async for _ in gen:
                 pass
