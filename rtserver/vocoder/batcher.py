@@ -7,7 +7,10 @@ by length (padding within a group is exact, see ``snac_model``), and runs the
 group decodes on one dedicated thread, so the event loop never waits on a
 decode (torch releases the GIL while it computes). Windows marked ``urgent``
 (a stream's first chunk: it sets TTFA) are taken first, decoded in their own
-call ahead of the rest, and answered as soon as that call returns.
+call ahead of the rest, and answered as soon as that call returns. The rest are
+taken in arrival order, or (``BatcherConfig.order`` "deadline") earliest
+deadline first: when the decoder cannot take every queued window in one call,
+the streams nearest an underrun go in the next one.
 
 With a *first lane* (``enable_first_lane``: a decoder that may run beside the
 main one, on CUDA the SNAC decoder's second set of graphs on its own stream),
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -56,6 +61,9 @@ class LaneDecoder(WindowDecoder[W_contra], Protocol[W_contra]):
     def fits(self, windows: int, frames: int) -> bool: ...
 
 
+QUEUE_ORDERS = ("arrival", "deadline")
+
+
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
     max_batch: int = 64  # windows per decoder call
@@ -81,6 +89,15 @@ class BatcherConfig:
     # the front end, Opus and the network. So the hold follows the listeners'
     # buffer levels: a stream about to run dry is decoded at once.
     hold_margin_s: float = 0.1
+    # The order windows that are not urgent are taken in: "arrival", or
+    # "deadline" (earliest ``decode(deadline=)`` first; none: the time of the
+    # call). Near capacity deadline order serves the streams about to run dry
+    # first; past it, it serves those already late, which every textbook EDF
+    # overload shows cascading. Its only GPU runs (H100, 256 Orpheus streams)
+    # met a host losing 5-20 % to steal: no verdict
+    # (bench/results/h100-2026-12-08-s34). Arrival: what every figure since
+    # the batcher's start was measured with.
+    order: str = "arrival"
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_batch_frames < 1:
@@ -91,6 +108,8 @@ class BatcherConfig:
             raise ValueError("hold_s must be in [0, 1]")
         if self.hold_margin_s < 0:
             raise ValueError("hold_margin_s must be >= 0")
+        if self.order not in QUEUE_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(QUEUE_ORDERS)}, not {self.order!r}")
 
 
 @dataclass(slots=True)
@@ -112,7 +131,8 @@ class BatcherStats:
 
 
 def device_batcher_config(cuda: bool, *, max_batch: int, max_batch_frames: int,
-                          max_pad_fraction: float, hold_s: float) -> BatcherConfig:
+                          max_pad_fraction: float, hold_s: float,
+                          order: str = "arrival") -> BatcherConfig:
     """A vocoder's batcher settings, a negative ``max_pad_fraction`` or
     ``hold_s`` meaning the device's default: on CUDA calls are launch-bound, so
     pad freely (4.0) and hold later chunks 40 ms; on the CPU cost follows
@@ -120,7 +140,7 @@ def device_batcher_config(cuda: bool, *, max_batch: int, max_batch_frames: int,
     return BatcherConfig(
         max_batch=max_batch, max_batch_frames=max_batch_frames,
         max_pad_fraction=max_pad_fraction if max_pad_fraction >= 0 else (4.0 if cuda else 0.25),
-        hold_s=hold_s if hold_s >= 0 else (0.04 if cuda else 0.0))
+        hold_s=hold_s if hold_s >= 0 else (0.04 if cuda else 0.0), order=order)
 
 
 def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]:
@@ -146,12 +166,16 @@ def group_windows(lengths: Sequence[int], cfg: BatcherConfig) -> list[list[int]]
 
 
 class _Item(Generic[W]):
-    __slots__ = ("future", "hold_until", "urgent", "window")
+    __slots__ = ("future", "hold_until", "key", "urgent", "window")
 
     def __init__(self, window: W, future: asyncio.Future[FloatArray],
-                 urgent: bool, hold_until: float | None) -> None:
+                 urgent: bool, hold_until: float | None, key: tuple[float, int]) -> None:
         self.window, self.future, self.urgent = window, future, urgent
         self.hold_until = hold_until  # None: decode at once
+        self.key = key  # the normal queue's order: (deadline or 0, arrival)
+
+    def __lt__(self, other: _Item[W]) -> bool:
+        return self.key < other.key
 
 
 class DecodeBatcher(Generic[W]):
@@ -164,7 +188,8 @@ class DecodeBatcher(Generic[W]):
         self._clock = clock
         self.clock = clock  # the time ``decode``'s deadlines are on
         self._urgent: deque[_Item[W]] = deque()
-        self._normal: deque[_Item[W]] = deque()
+        self._normal: list[_Item[W]] = []  # a heap on ``_Item.key``
+        self._arrivals = itertools.count()
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -224,11 +249,12 @@ class DecodeBatcher(Generic[W]):
                 self._lane_executor.shutdown(wait=True)
 
     def _fail_queued(self, exc: BaseException) -> None:
+        items = [*self._urgent, *self._normal, *self._lane_queue]
         for q in (self._urgent, self._normal, self._lane_queue):
-            while q:
-                item = q.popleft()
-                if not item.future.done():
-                    item.future.set_exception(exc)
+            q.clear()
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(exc)
 
     async def decode(self, windows: Sequence[W], *, urgent: bool = False,
                      may_wait: bool = False, deadline: float | None = None
@@ -237,38 +263,50 @@ class DecodeBatcher(Generic[W]):
         the windows may be held up to ``hold_s`` for company (their stream has
         audio buffered ahead), and up to ``deadline`` (on ``clock``) less
         ``hold_margin_s`` when given; others are decoded at once, with what is
-        held."""
+        held. ``deadline`` orders the queue too, with ``order`` "deadline"."""
         if not self.running:
             raise RuntimeError("the vocoder batcher is not running")
         if not windows:
             return []
         loop = asyncio.get_running_loop()
+        now = self._clock()
         hold_until = None
         if may_wait and not urgent:
-            hold_until = self._clock() + self._cfg.hold_s
+            hold_until = now + self._cfg.hold_s
             if deadline is not None:
                 hold_until = min(hold_until, deadline - self._cfg.hold_margin_s)
-        items = [_Item(w, loop.create_future(), urgent, hold_until) for w in windows]
+        by_deadline = self._cfg.order == "deadline"
+        key = ((now if deadline is None else deadline) if by_deadline else 0.0,
+               next(self._arrivals))
+        items = [_Item(w, loop.create_future(), urgent, hold_until, key) for w in windows]
         lane = self._lane
         if urgent and lane is not None and lane.fits(
                 1, max(w.n_frames for w in windows)):
             self._lane_queue.extend(items)
             self._lane_wake.set()
         else:
-            (self._urgent if urgent else self._normal).extend(items)
+            if urgent:
+                self._urgent.extend(items)
+            else:
+                for item in items:
+                    heapq.heappush(self._normal, item)
             self._wake.set()
         return list(await asyncio.gather(*(i.future for i in items)))
 
     def _take(self) -> list[_Item[W]]:
+        """The next call's windows: the urgent ones in arrival order, then the
+        others in ``order``, within ``max_batch`` and ``max_batch_frames``."""
         batch: list[_Item[W]] = []
         frames = 0
-        for q in (self._urgent, self._normal):
+        normal = self._normal
+        for q, pop in ((self._urgent, self._urgent.popleft),
+                       (normal, lambda: heapq.heappop(normal))):
             while q and len(batch) < self._cfg.max_batch:
                 item = q[0]
                 n = item.window.n_frames
                 if batch and frames + n > self._cfg.max_batch_frames:
                     return batch
-                q.popleft()
+                pop()
                 if item.future.done():  # its stream was cancelled
                     continue
                 batch.append(item)

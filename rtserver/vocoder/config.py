@@ -94,6 +94,9 @@ class VocoderConfig:
     # ``bench/results/h200-chattts-worker-2026-12-04-run2``). SNAC ran with it in
     # ``bench/results/h200-orpheus-worker-2026-12-04``, not yet against 0.
     hold_s: float = -1.0
+    # The order of the later chunks queued for a call: "arrival" or "deadline"
+    # (``batcher.BatcherConfig.order``: why arrival stays the default).
+    queue_order: str = "arrival"
     noise: str = "positional"  # "positional" | "off" (see snac_model)
     noise_seed: int = 0
     cuda_graphs: bool = True  # CUDA only: capture graphs for common shapes
@@ -136,6 +139,9 @@ class VocoderConfig:
     main_stream: bool = False
 
     def __post_init__(self) -> None:
+        if self.queue_order not in ("arrival", "deadline"):  # batcher.QUEUE_ORDERS
+            raise ValueError(f"queue_order must be 'arrival' or 'deadline', not "
+                             f"{self.queue_order!r}")
         if self.noise not in ("positional", "off"):
             raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
         if self.snake_conv not in SNAKE_CONVS:
@@ -194,4 +200,5 @@ class VocoderConfig:
 
         return device_batcher_config(device.startswith("cuda"), max_batch=self.max_batch,
                                      max_batch_frames=self.max_batch_frames,
-                                     max_pad_fraction=self.max_pad_fraction, hold_s=self.hold_s)
+                                     max_pad_fraction=self.max_pad_fraction, hold_s=self.hold_s,
+                                     order=self.queue_order)

@@ -4,12 +4,14 @@ runs fewer, larger calls; first chunks and full batches never wait."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
 import numpy as np
 import pytest
 
+from rtserver.testing.wait import wait_until_async
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher
 from rtserver.vocoder.chunking import ChunkConfig
 from rtserver.vocoder.planned_stream import PlannedStream
@@ -245,3 +247,49 @@ def test_a_segment_whose_listener_holds_audio_is_not_urgent(held_s: float | None
     else:
         assert deadline == pytest.approx(held_s)  # its earlier audio runs out then
     assert not any(u for u, _, _ in batcher.calls[1:])  # later decodes never are
+
+
+async def _queued_behind_a_call(order: str) -> list[list[int]]:
+    """One call in the decoder, then three windows queued, in arrival order:
+    5 s of audio left (3 frames), 1 s left (2 frames), no deadline (1 frame);
+    the frames of each call the decoder then made."""
+    gate = threading.Event()
+    dec = GatedDecoder(gate)
+    batcher = DecodeBatcher(dec, BatcherConfig(max_batch=1, order=order))
+    await batcher.start()
+    try:
+        busy = asyncio.ensure_future(batcher.decode([window(4, value=4)]))
+        await wait_until_async(dec.entered.is_set, "the first call is in the decoder", GUARD_S)
+        now = batcher.clock()
+        queued = [asyncio.ensure_future(batcher.decode([window(frames, value=frames)],
+                                                       deadline=deadline))
+                  for frames, deadline in ((3, now + 5.0), (2, now + 1.0), (1, None))]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gate.set()
+        out = await asyncio.wait_for(asyncio.gather(busy, *queued), GUARD_S)
+        assert [float(o[0][0]) for o in out] == [4.0, 3.0, 2.0, 1.0]  # each its own audio
+        return dec.calls
+    finally:
+        gate.set()
+        await batcher.close()
+
+
+async def test_a_busy_decoder_takes_queued_windows_in_arrival_order() -> None:
+    assert await _queued_behind_a_call("arrival") == [[4], [3], [2], [1]]
+
+
+async def test_deadline_order_takes_the_stream_nearest_an_underrun_next() -> None:
+    # no deadline counts as now: before the stream 1 s from running dry
+    assert await _queued_behind_a_call("deadline") == [[4], [1], [2], [3]]
+
+
+def test_the_queue_order_is_checked_and_reaches_the_batcher() -> None:
+    from rtserver.vocoder.config import VocoderConfig
+
+    with pytest.raises(ValueError, match="order"):
+        BatcherConfig(order="lifo")
+    with pytest.raises(ValueError, match="queue_order"):
+        VocoderConfig(queue_order="lifo")
+    assert VocoderConfig().batcher_config("cuda").order == "arrival"
+    assert VocoderConfig(queue_order="deadline").batcher_config("cpu").order == "deadline"
