@@ -51,6 +51,10 @@ while IFS='|' read -r NAME SETTINGS; do
     SINGLE_S=${SINGLE_S:-0} BURST=${BURST:-0} LEVELS=${LEVELS:-192,256} $SETTINGS \
     bash bench/gpu/run_orpheus_snake.sh 2>&1 | grep -E '^\| [0-9]|done|Error|error' | tail -12
   [ -n "$SPY" ] && { kill $SPY 2>/dev/null; wait $SPY 2>/dev/null; }  # a level never reached
+  # the worker's loaded intervals in the call's output: a host losing CPU to steal underruns
+  # for that alone (bench/results/h100-2026-12-08-s34), so read this before the underruns
+  [ -f $OUT/$NAME/worker-metrics.txt.gz ] && python3 -m rtserver.tools.measure.worker_intervals \
+    --every 3 $OUT/$NAME/worker-metrics.txt.gz | awk -F'|' '$10+0 >= 64 {printf "  loaded at %ss: %s tokens/s, %s vLLM steps/s, vocoder %s s/s, host steal %s\n", $2+0, $3+0, $4+0, $9+0, $11}'
   # one file a run: a call brings back at most 8 files (the device's README)
   tar czf $OUT/$NAME.tgz -C $OUT $NAME && rm -rf $OUT/$NAME
 done <<< "${RUNS:?RUNS: name|settings lines}"
