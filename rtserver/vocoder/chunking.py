@@ -35,7 +35,7 @@ the final one up to ``lookahead + crossfade`` more.
 Sizing (SNAC 24 kHz decoder, ``python -m rtserver.tools.measure.snac rf``): one code
 changes output samples up to ``SNAC24_EXACT_SUPPORT`` = 4757 samples (2.32 frames)
 beyond its own span on either side -- derived from the layer kernels
-(``snac_model.decoder_support``), and confirmed by perturbing each of the 7
+(``snac_net.decoder_support``), and confirmed by perturbing each of the 7
 codes of one frame on the real config shape with random weights: any change
 (above -120 dB re RMS) within 4692 samples, above -60 dB within 4182, above
 -40 dB within 3633. Cutting a window short is worse than one code's change
@@ -59,7 +59,7 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float32]
 
 # Exact one-sided support of the SNAC 24 kHz decoder in output samples (see the
-# module docstring; ``snac_model.decoder_support`` derives it from the layers).
+# module docstring; ``snac_net.decoder_support`` derives it from the layers).
 SNAC24_EXACT_SUPPORT = 4757
 
 # Error of a window cut short, vs the full decode, by distance (samples) from the

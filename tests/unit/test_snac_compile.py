@@ -16,12 +16,11 @@ from torch import nn
 
 from rtserver.tools.measure.snac import random_codes
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT
-from rtserver.voices.orpheus.snac_model import (
+from rtserver.voices.orpheus.snac_model import CodeWindow, SnacDecoder
+from rtserver.voices.orpheus.snac_net import (
     SNAC24_CONFIG,
     TINY_SNAC_CONFIG,
-    CodeWindow,
     ShiftedDepthwise,
-    SnacDecoder,
     build_snac,
     decoder_support,
 )

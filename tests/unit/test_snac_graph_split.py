@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 
 from rtserver.tools.measure.snac import random_codes
-from rtserver.voices.orpheus.snac_model import (
-    TINY_SNAC_CONFIG,
-    CodeWindow,
-    SnacDecoder,
-    build_snac,
-)
+from rtserver.voices.orpheus.snac_model import CodeWindow, SnacDecoder
+from rtserver.voices.orpheus.snac_net import TINY_SNAC_CONFIG, build_snac
 
 CELLS = 512  # SnacDecoder's default graph_max_cells
 

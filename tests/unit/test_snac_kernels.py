@@ -25,8 +25,8 @@ INTERPRETED = textwrap.dedent('''
     from rtserver.tools.measure.snac import random_codes
     from rtserver.voices.orpheus.snac_kernels import (
         FusedResidualUnit, MaskedSnake, depthwise_snake, snake)
-    from rtserver.voices.orpheus.snac_model import (
-        TINY_SNAC_CONFIG, CodeWindow, SnacDecoder, build_snac)
+    from rtserver.voices.orpheus.snac_model import CodeWindow, SnacDecoder
+    from rtserver.voices.orpheus.snac_net import TINY_SNAC_CONFIG, build_snac
 
     torch.manual_seed(0)
     # kernels alone: rows longer than a program's block, a mask scale, bf16
@@ -107,7 +107,8 @@ def test_auto_picks_the_kernels_on_cuda_only() -> None:
     which the GPU run checks, bench/results/h100-2026-12-06-s24)."""
     from rtserver.vocoder.config import VocoderConfig
     from rtserver.voices.orpheus.snac_kernels import FusedResidualUnit
-    from rtserver.voices.orpheus.snac_model import TINY_SNAC_CONFIG, SnacDecoder, build_snac
+    from rtserver.voices.orpheus.snac_model import SnacDecoder
+    from rtserver.voices.orpheus.snac_net import TINY_SNAC_CONFIG, build_snac
 
     assert VocoderConfig().snake_conv == "auto"
     for compile in (False, True):
@@ -119,7 +120,8 @@ def test_auto_picks_the_kernels_on_cuda_only() -> None:
 
 def test_refused_where_they_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     from rtserver.vocoder.config import VocoderConfig
-    from rtserver.voices.orpheus.snac_model import TINY_SNAC_CONFIG, SnacDecoder, build_snac
+    from rtserver.voices.orpheus.snac_model import SnacDecoder
+    from rtserver.voices.orpheus.snac_net import TINY_SNAC_CONFIG, build_snac
 
     with pytest.raises(ValueError, match="snake_conv"):
         VocoderConfig(snake_conv="cuda")

@@ -11,7 +11,7 @@ import torch
 
 from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.vocoder.config import VocoderConfig
-from rtserver.voices.orpheus.snac_model import fold_weight_norm, load_snac_dir
+from rtserver.voices.orpheus.snac_net import fold_weight_norm, load_snac_dir
 from rtserver.voices.orpheus.snac_precision import HALF_BOUND_DB, half_error_db, resolve_dtype
 from rtserver.voices.orpheus.snac_stream import SnacVocoder
 

@@ -21,11 +21,10 @@ from rtserver.tools.layouts.snac import write_tiny_snac
 from rtserver.tools.measure.snac import decode_chunked, measure_reach, random_codes, seam_report
 from rtserver.vocoder.batcher import BatcherConfig, DecodeBatcher, group_windows
 from rtserver.vocoder.chunking import SNAC24_EXACT_SUPPORT, ChunkConfig
-from rtserver.voices.orpheus.snac_model import (
+from rtserver.voices.orpheus.snac_model import CodeWindow, SnacDecoder
+from rtserver.voices.orpheus.snac_net import (
     SNAC24_CONFIG,
     TINY_SNAC_CONFIG,
-    CodeWindow,
-    SnacDecoder,
     build_snac,
     decoder_support,
     load_snac_dir,

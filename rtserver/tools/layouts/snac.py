@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from rtserver.voices.orpheus.snac_model import SNAC24_CONFIG, TINY_SNAC_CONFIG, build_snac
+from rtserver.voices.orpheus.snac_net import SNAC24_CONFIG, TINY_SNAC_CONFIG, build_snac
 
 Shape = Literal["tiny", "24khz"]
 

@@ -27,14 +27,8 @@ import numpy.typing as npt
 from rtserver.vocoder.batcher import WindowDecoder
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob, SeamJoiner
 from rtserver.vocoder.config import SNAKE_CONVS, VocoderConfig
-from rtserver.voices.orpheus.snac_model import (
-    DTYPES,
-    SNAC24_CONFIG,
-    TINY_SNAC_CONFIG,
-    CodeWindow,
-    SnacDecoder,
-    build_snac,
-)
+from rtserver.voices.orpheus.snac_model import DTYPES, CodeWindow, SnacDecoder
+from rtserver.voices.orpheus.snac_net import SNAC24_CONFIG, TINY_SNAC_CONFIG, build_snac
 from rtserver.voices.orpheus.snac_precision import max_error_db
 
 FloatArray = npt.NDArray[np.float32]

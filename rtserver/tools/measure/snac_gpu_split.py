@@ -42,14 +42,8 @@ from rtserver.tools.measure.snac import random_codes
 from rtserver.vocoder.batcher import BatcherConfig, group_windows
 from rtserver.vocoder.chunking import ChunkConfig, ChunkPlanner, DecodeJob
 from rtserver.vocoder.config import VocoderConfig
-from rtserver.voices.orpheus.snac_model import (
-    DTYPES,
-    SNAC24_CONFIG,
-    TINY_SNAC_CONFIG,
-    CodeWindow,
-    SnacDecoder,
-    build_snac,
-)
+from rtserver.voices.orpheus.snac_model import DTYPES, CodeWindow, SnacDecoder
+from rtserver.voices.orpheus.snac_net import SNAC24_CONFIG, TINY_SNAC_CONFIG, build_snac
 
 
 @dataclass(frozen=True, slots=True)

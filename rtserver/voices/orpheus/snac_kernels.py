@@ -38,7 +38,7 @@ BLOCK_T = 1024  # samples a program computes (4 kB of float32 a row)
 
 
 class MaskState(Protocol):
-    """What the fused layers read of a forward's batch state (``snac_model._BatchState``)."""
+    """What the fused layers read of a forward's batch state (``snac_net.BatchState``)."""
 
     lengths: torch.Tensor | None  # (B,) latent frames of each row; None: every row full
     t_latent: int  # latent frames of the batch's longest row

@@ -32,13 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rtserver.vocoder.config import VOCODER_DTYPES
-from rtserver.voices.orpheus.snac_model import (
-    FRAME_CODES,
-    CodeWindow,
-    NoiseMode,
-    SnacDecoder,
-    fold_weight_norm,
-)
+from rtserver.voices.orpheus.snac_model import CodeWindow, NoiseMode, SnacDecoder
+from rtserver.voices.orpheus.snac_net import FRAME_CODES, fold_weight_norm
 
 log = logging.getLogger(__name__)
 

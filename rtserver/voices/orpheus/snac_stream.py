@@ -28,15 +28,8 @@ from rtserver.vocoder.batcher import DecodeBatcher
 from rtserver.vocoder.chunking import ChunkConfig
 from rtserver.vocoder.config import VocoderConfig
 from rtserver.vocoder.planned_stream import PlannedStream
-from rtserver.voices.orpheus.snac_model import (
-    FRAME_CODES,
-    SNAC24_CONFIG,
-    CodeWindow,
-    NoiseMode,
-    SnacDecoder,
-    build_snac,
-    load_snac_dir,
-)
+from rtserver.voices.orpheus.snac_model import CodeWindow, NoiseMode, SnacDecoder
+from rtserver.voices.orpheus.snac_net import FRAME_CODES, SNAC24_CONFIG, build_snac, load_snac_dir
 from rtserver.voices.orpheus.snac_precision import half_error_db, resolve_dtype
 
 
