@@ -43,28 +43,24 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Callable, Mapping
 
 import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from rtserver.clock import SYSTEM_CLOCK
 from rtserver.config import Config, GpuConfig
 from rtserver.errors import ConfigError, EngineDead, ErrorCode, RtError, UnknownVoice
 from rtserver.gc_heap import freeze_heap
-from rtserver.gc_heap import register as register_gc
 from rtserver.logs import request_scope
 from rtserver.pacing.hints import HintConfig
 from rtserver.pacing.rates import RtfTracker
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, Voice, VoiceMaker
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
+from rtserver.worker.metrics import serve_metrics
 from rtserver.worker.placement import capacity_of, split_specs
 from rtserver.worker.profile import WorkerProfile
 from rtserver.worker.sockets import sent_now
@@ -533,7 +529,7 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
                               config=config.gpu, dead=voice_set.dead,
                               makers=voice_set.makers, hints=config.hints)
 
-        metrics = serve_metrics(config, voice_set, server)
+        metrics = serve_metrics(config, voice_set.collectors, server)
         if config.gpu.profile_dir:
             WorkerProfile(config.gpu.profile_dir, voice_set.profiled).install(loop)
 
@@ -552,56 +548,4 @@ async def run_worker(config: Config, on_ready: Callable[[], None] = lambda: None
         await voice_set.close()
 
 
-class WorkerCollector(Collector):
-    """The worker's own load: requests held and capacity per family, front ends."""
-
-    def __init__(self, server: WorkerServer) -> None:
-        self.server = server
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        held = GaugeMetricFamily("rtserver_gpu_worker_requests",
-                                 "Requests the GPU worker holds (all front ends)",
-                                 labels=["family"])
-        cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
-                                "Requests the GPU worker serves at once", labels=["family"])
-        starting = GaugeMetricFamily(
-            "rtserver_gpu_worker_starting_requests",
-            "Contexts' first segments in the GPU worker without output yet (all front ends)",
-            labels=["family"])
-        for family, n in self.server.capacity.items():
-            held.add_metric([family], float(self.server.active.get(family, 0)))
-            cap.add_metric([family], float(n))
-            starting.add_metric([family], float(self.server.starting.get(family, 0)))
-        fronts = GaugeMetricFamily("rtserver_gpu_worker_frontends",
-                                   "Front ends that spoke to the GPU worker lately")
-        fronts.add_metric([], float(self.server.frontends))
-        switch = GaugeMetricFamily("rtserver_gpu_worker_gil_switch_seconds",
-                                   "The worker process's GIL switch interval "
-                                   "(sys.getswitchinterval; gpu.gil_switch_ms)")
-        switch.add_metric([], sys.getswitchinterval())
-        rtf = GaugeMetricFamily(
-            "rtserver_gpu_worker_rtf",
-            "r (generation time / audio time) of the requests completed lately at the present "
-            "load, as last sent to the front ends (Load.rtf)", labels=["family"])
-        for family, r in self.server.rtf_sent.items():  # replaced whole on the loop
-            rtf.add_metric([family], r)
-        yield from (held, cap, starting, fronts, switch, rtf)
-
-
-def serve_metrics(config: Config, voice_set: VoiceSet, server: WorkerServer
-                  ) -> WSGIServer | None:
-    """``/metrics`` of the worker on ``[gpu] metrics_port`` (its engines' collectors
-    and ``WorkerCollector``) in prometheus_client's own thread; None when off."""
-    port = config.gpu.metrics_port
-    if not port:
-        return None
-    registry = CollectorRegistry()
-    for collector in [*voice_set.collectors, WorkerCollector(server)]:
-        registry.register(collector)
-    register_gc(registry)
-    httpd, _ = start_http_server(port, addr=config.server.host, registry=registry)
-    return httpd
-
-
-__all__ = ["ENGINE_DEAD_EXIT", "WorkerCollector", "WorkerServer", "load_worker_voices",
-           "run_worker", "serve_metrics"]
+__all__ = ["ENGINE_DEAD_EXIT", "WorkerServer", "load_worker_voices", "run_worker"]

@@ -71,6 +71,7 @@ from rtserver.logs import current_request_id
 from rtserver.voices.base import MODEL_OUTPUT_MARK, SynthesisRequest, Voice, VoiceInfo
 from rtserver.voices.registry import VoiceSet, load_voices
 from rtserver.worker import messages as m
+from rtserver.worker.metrics import load_families
 from rtserver.worker.placement import split_specs
 from rtserver.worker.sockets import sent_now
 
@@ -520,23 +521,10 @@ class LinkCollector(Collector):
                                "1 while the GPU worker answers this front end")
         up.add_metric([], 1.0 if self.link.up else 0.0)
         yield up
-        active = GaugeMetricFamily("rtserver_gpu_worker_requests",
-                                   "Requests the GPU worker holds (all front ends)",
-                                   labels=["family"])
-        cap = GaugeMetricFamily("rtserver_gpu_worker_capacity",
-                                "Requests the GPU worker serves at once", labels=["family"])
-        starting = GaugeMetricFamily(
-            "rtserver_gpu_worker_starting_requests",
-            "Contexts' first segments in the GPU worker without output yet (all front ends)",
-            labels=["family"])
         ready = self.link.ready
-        for family in (ready.capacity if ready is not None else {}):
-            active.add_metric([family], float(self.link.active(family)))
-            cap.add_metric([family], float(self.link.capacity(family)))
-            starting.add_metric([family], float(self.link.starting(family)))
-        yield active
-        yield cap
-        yield starting
+        yield from load_families(ready.capacity if ready is not None else (),
+                                 active=self.link.active, capacity=self.link.capacity,
+                                 starting=self.link.starting)
         yield from self.link.chunk_delay_seconds.collect()
 
 

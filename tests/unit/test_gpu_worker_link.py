@@ -33,8 +33,9 @@ from rtserver.voices import registry
 from rtserver.voices.base import MODEL_OUTPUT_MARK, Marks, SynthesisRequest, VoiceInfo
 from rtserver.voices.registry import FamilyVoices, VoiceFamily, register_family
 from rtserver.worker import messages as m
+from rtserver.worker.metrics import WorkerCollector
 from rtserver.worker.placement import capacity_of, split_specs
-from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerCollector, WorkerServer
+from rtserver.worker.proc import ENGINE_DEAD_EXIT, WorkerServer
 from rtserver.worker.remote import RemoteVoice, WorkerLink, load_server_voices
 
 RATE = 24000
