@@ -318,11 +318,16 @@ def test_cpu_table_gives_cpu_seconds_per_second_of_audio() -> None:
     samples = [{**s, "audio_ms": 5000.0} for s in _samples(20, [50, 60, 70, 80])]
     results = {**_results(), "samples": samples, "steps": [
         {"system": "rtserver", "run": "sweep", "load": "stream/word", "level": 20,
+         "seconds": 10.0, "cpu": {"busy_cores": 1.9, "ours_cores": 1.8, "other_cores": 0.1,
+                                  "stolen_cores": 0.0}},
+        {"system": "rtserver", "run": "sweep", "load": "stream/word", "level": 24,
          "seconds": 10.0, "cpu": {"busy_cores": 1.9, "ours_cores": 1.8, "other_cores": 0.1}}]}
     assert report.step_audio_s(samples) == {("rtserver", "sweep", "stream/word", 20.0): 20.0}
     text = report.markdown(results, report.aggregate(samples), [])
     # 1.8 cores x 10 s for 4 x 5 s of audio
-    assert "| rtserver | stream/word | 20 | 10 | 1.90 | 1.80 | 0.10 | 0.900 |" in text
+    assert "| rtserver | stream/word | 20 | 10 | 1.90 | 1.80 | 0.10 | 0.00 | 0.900 |" in text
+    # a results file from before steal was counted: the column left blank
+    assert "| rtserver | stream/word | 24 | 10 | 1.90 | 1.80 | 0.10 | – | – |" in text
 
 
 def test_cpu_meter_counts_the_spawned_servers_children() -> None:
@@ -370,3 +375,20 @@ def test_first_segment_guesses_are_summed_over_voices() -> None:
               "outcome=adopted,voice=b": 1.0}
     assert report._guesses(series) == "4 / 3 / 1"
     assert report._guesses({}) == "–"
+
+
+def test_cpu_meter_tells_steal_apart_from_other_processes(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Time the hypervisor gave other guests is counted busy by /proc/stat but is
+    neither ours nor another process's: its own column."""
+    from rtserver.tools.bench import machine
+
+    busy = iter([(100.0, 10.0), (120.0, 15.0)])  # 20 busy s in the step, 5 of them stolen
+    ours = iter([50.0, 62.0])  # the bench's own process: 12 s
+    monkeypatch.setattr(machine, "cpu_busy_s", lambda: next(busy))
+    monkeypatch.setattr(machine, "process_cpu_s", lambda pid: next(ours))
+    monkeypatch.setattr(machine, "with_descendants", lambda pids: list(pids))
+    meter = machine.CpuMeter([1])
+    meter.start()
+    assert meter.stop(10.0) == {"busy_cores": 2.0, "ours_cores": 1.2,
+                                "other_cores": pytest.approx(0.3), "stolen_cores": 0.5}

@@ -247,6 +247,9 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             if cpu["other_cores"] is not None and cpu["other_cores"] > 0.2:
                 progress.say(f"warning: other processes used {cpu['other_cores']:.2f} cores "
                              "during this step")
+            if cpu["stolen_cores"] is not None and cpu["stolen_cores"] > 0.2:
+                progress.say(f"warning: the hypervisor took {cpu['stolen_cores']:.2f} cores "
+                             "(steal) during this step")
             steps.append({"system": system, "run": run_kind, "load": _load_label(cfg),
                           "level": level, "seconds": took, "contexts": len(progress.samples),
                           "cpu": cpu, "spawned": bool(servers),

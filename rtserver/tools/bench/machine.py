@@ -70,14 +70,16 @@ def _ticks() -> float:
     return float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
-def cpu_busy_s() -> float | None:
-    """CPU seconds all cores spent busy since boot (/proc/stat), None off Linux."""
+def cpu_busy_s() -> tuple[float, float] | None:
+    """CPU seconds all cores spent busy since boot, and of those the seconds
+    the hypervisor gave to other guests (steal) (/proc/stat); None off Linux."""
     try:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     except OSError:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _ticks()
+    ticks = _ticks()
+    return (user + nice + system + irq + softirq + steal) / ticks, steal / ticks
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -115,10 +117,12 @@ def with_descendants(pids: list[int]) -> list[int]:
 class CpuMeter:
     """CPU use over a step: ours (the bench and the servers it spawned, with
     their child processes: a supervisor's GPU worker and front ends) and the
-    rest of the machine's, which competes with the server under test."""
+    rest of the machine's, which competes with the server under test: other
+    processes, and the hypervisor's other guests (steal: a host that lost 5-20 %
+    to it halved what an H100 served, bench/results/h100-2026-12-08-s34)."""
 
     pids: list[int]
-    _busy: float | None = None
+    _busy: tuple[float, float] | None = None
     _ours: dict[int, float] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -129,12 +133,14 @@ class CpuMeter:
     def stop(self, seconds: float) -> dict[str, float | None]:
         busy = cpu_busy_s()
         if self._busy is None or busy is None or seconds <= 0:
-            return {"busy_cores": None, "ours_cores": None, "other_cores": None}
+            return {"busy_cores": None, "ours_cores": None, "other_cores": None,
+                    "stolen_cores": None}
         ours = 0.0
         for p in with_descendants(self.pids):  # one born in the step: all of it
             now = process_cpu_s(p)
             if now is not None:
                 ours += now - self._ours.get(p, 0.0)
-        total = busy - self._busy
+        total, stolen = busy[0] - self._busy[0], busy[1] - self._busy[1]
         return {"busy_cores": total / seconds, "ours_cores": ours / seconds,
-                "other_cores": max(0.0, total - ours) / seconds}
+                "other_cores": max(0.0, total - stolen - ours) / seconds,
+                "stolen_cores": stolen / seconds}

@@ -301,18 +301,21 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
     audio_s = step_audio_s(results.get("samples", []))
     cpu_rows = [[st["system"], st["load"], _level(st["level"]), _fmt(st["seconds"]),
                  _fmt(st["cpu"]["busy_cores"], 2), _fmt(st["cpu"]["ours_cores"], 2),
-                 _fmt(st["cpu"]["other_cores"], 2), _fmt(_cpu_per_audio_s(st, audio_s), 3)]
+                 _fmt(st["cpu"]["other_cores"], 2), _fmt(st["cpu"].get("stolen_cores"), 2),
+                 _fmt(_cpu_per_audio_s(st, audio_s), 3)]
                 for st in steps if (st.get("cpu") or {}).get("busy_cores") is not None]
     if cpu_rows:
         lines += ["## CPU during each step", "",
                   "Cores busy on the whole machine, by the bench and the servers it started "
-                  "(ours), and by every other process (other: load that competed with the "
-                  "server under test; near 0 for a clean run). Ours per audio s: CPU "
+                  "(ours), by every other process (other: load that competed with the "
+                  "server under test; near 0 for a clean run), and taken by the hypervisor "
+                  "for other guests (stolen: /proc/stat's steal; near 0 for a clean run, "
+                  "else the host was slower than it measured). Ours per audio s: CPU "
                   "seconds of ours per second of audio received, so C whole cores carry "
                   "at most C / that many real-time streams (other load makes it larger).",
                   ""]
         lines += _table(["system", "load", "level", "seconds", "busy cores", "ours",
-                         "other", "ours per audio s"], cpu_rows)
+                         "other", "stolen", "ours per audio s"], cpu_rows)
         lines.append("")
     server_rows = []
     for st in steps:
