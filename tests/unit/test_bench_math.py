@@ -392,3 +392,15 @@ def test_cpu_meter_tells_steal_apart_from_other_processes(monkeypatch: pytest.Mo
     meter.start()
     assert meter.stop(10.0) == {"busy_cores": 2.0, "ours_cores": 1.2,
                                 "other_cores": pytest.approx(0.3), "stolen_cores": 0.5}
+
+
+@pytest.mark.parametrize(("bf16", "said"), [(True, "(2 cores, 1.0 GiB, native bf16)"),
+                                            (False, "(2 cores, 1.0 GiB, no native bf16)"),
+                                            (None, "(2 cores, 1.0 GiB)")])
+def test_the_machine_line_says_whether_piper_could_run_in_bf16(bf16: bool | None,
+                                                                said: str) -> None:
+    results = _results()
+    if bf16 is not None:
+        results["meta"]["machine"]["native_bf16"] = bf16
+    text = report.markdown(results, report.aggregate([]), [])
+    assert f"- Machine: c {said}" in text

@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rtserver.engine.cpu_features import native_bf16
+
 PACKAGES = ("rtserver", "websockets", "numpy", "opuslib", "onnxruntime", "onnx", "openvino",
             "piper-tts", "prometheus-client", "uvloop", "matplotlib", "uvicorn", "httptools", "av")
 
@@ -49,10 +51,13 @@ def _libopus() -> str:
 
 
 def describe() -> dict[str, Any]:
+    """The machine; ``native_bf16``: whether Piper's decoder can run in bf16
+    here (its CPU cost per audio second differs by ~1.4x, voices/piper/bf16.py),
+    so two CPU runs of one model name compare only when it agrees."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu_model(), "cores": cores, "memory_gib": _memory_gib(),
             "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "native_bf16": native_bf16()}
 
 
 def versions() -> dict[str, str]:

@@ -199,8 +199,11 @@ def markdown(results: dict[str, Any], rows: Sequence[Row], caps: Sequence[Capaci
     meta = results["meta"]
     cfg = results["config"]
     lines = [f"# rtserver benchmark, {meta['date']}", ""]
+    bf16 = {True: ", native bf16", False: ", no native bf16"}.get(
+        meta["machine"].get("native_bf16"), "")  # None: a results file from before
     lines += [f"- Machine: {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
-              f"{meta['machine']['memory_gib']:.1f} GiB), {meta['machine']['os']}; no GPU used"
+              f"{meta['machine']['memory_gib']:.1f} GiB{bf16}), {meta['machine']['os']}; "
+              "no GPU used"
               if not meta["machine"].get("gpu") else f"- Machine: {meta['machine']}",
               f"- Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
               f"- Server: {meta['server']}; voice {meta.get('voice') or 'default'}",

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rtserver.engine.cpu_features import native_bf16
 from rtserver.errors import ConfigError
 from rtserver.voices.piper.graph import DecoderCut
 
@@ -46,20 +47,6 @@ BUCKET_FRAMES = 16
 # the float32 audio's RMS. Measured -37..-41 dB on speech; a voice far above
 # that is not served in bf16.
 MAX_ERROR_DB = -30.0
-_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU has bf16 arithmetic in hardware (x86: AVX-512 BF16 or AMX)."""
-    try:
-        text = cpuinfo.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            return any(f in flags for f in _CPU_FLAGS)
-    return False
 
 
 def bucket_window(start: int, end: int, n_frames: int, bucket: int) -> tuple[int, int]:
