@@ -293,3 +293,37 @@ def test_the_queue_order_is_checked_and_reaches_the_batcher() -> None:
         VocoderConfig(queue_order="lifo")
     assert VocoderConfig().batcher_config("cuda").order == "arrival"
     assert VocoderConfig(queue_order="deadline").batcher_config("cpu").order == "deadline"
+
+
+async def _speak_together(order: str, streams: int, frames: int) -> list[np.ndarray]:
+    """Each of ``streams`` SNAC streams (the tiny checkpoint) pushed a frame at a
+    time, all at once through one batcher in ``order``; each stream's audio."""
+    from rtserver.tools.measure.snac import random_codes
+    from rtserver.vocoder.config import VocoderConfig
+    from rtserver.voices.orpheus.snac_model import SnacDecoder
+    from rtserver.voices.orpheus.snac_net import TINY_SNAC_CONFIG, build_snac
+    from rtserver.voices.orpheus.snac_stream import SnacVocoder
+
+    vocoder = SnacVocoder(SnacDecoder(build_snac(TINY_SNAC_CONFIG, seed=1)),
+                          VocoderConfig(queue_order=order, max_batch=3))
+    await vocoder.start(warm_up=False)
+    try:
+        async def one(k: int) -> np.ndarray:
+            codes = random_codes(frames, seed=k)
+            stream = vocoder.open_stream(first=True)
+            out = [c.samples for i in range(frames) for c in await stream.push(codes[i:i + 1])]
+            out += [c.samples for c in await stream.finish()]
+            return np.concatenate(out)
+
+        return list(await asyncio.wait_for(
+            asyncio.gather(*(one(k) for k in range(streams))), GUARD_S * 3))
+    finally:
+        await vocoder.close()
+
+
+async def test_the_queue_order_changes_when_audio_comes_never_what_it_is() -> None:
+    arrival = await _speak_together("arrival", streams=6, frames=12)
+    deadline = await _speak_together("deadline", streams=6, frames=12)
+    assert [len(a) for a in arrival] == [12 * 2048] * 6
+    for a, d in zip(arrival, deadline, strict=True):
+        np.testing.assert_array_equal(a, d)
