@@ -325,5 +325,9 @@ async def test_the_queue_order_changes_when_audio_comes_never_what_it_is() -> No
     arrival = await _speak_together("arrival", streams=6, frames=12)
     deadline = await _speak_together("deadline", streams=6, frames=12)
     assert [len(a) for a in arrival] == [12 * 2048] * 6
+    # equal to batching's rounding: which windows share a call follows the threads'
+    # timing, and a window decoded in a batch is ~5e-7 from itself alone on the
+    # tiny checkpoint (the bound test_snac_seams' batched-equals-unbatched uses);
+    # two streams' audio differ by ~0.3
     for a, d in zip(arrival, deadline, strict=True):
-        np.testing.assert_array_equal(a, d)
+        np.testing.assert_allclose(a, d, atol=1e-5)
