@@ -139,8 +139,10 @@ class VocoderConfig:
     main_stream: bool = False
 
     def __post_init__(self) -> None:
-        if self.queue_order not in ("arrival", "deadline"):  # batcher.QUEUE_ORDERS
-            raise ValueError(f"queue_order must be 'arrival' or 'deadline', not "
+        from rtserver.vocoder.batcher import QUEUE_ORDERS  # (as batcher_config does)
+
+        if self.queue_order not in QUEUE_ORDERS:
+            raise ValueError(f"queue_order must be one of {', '.join(QUEUE_ORDERS)}, not "
                              f"{self.queue_order!r}")
         if self.noise not in ("positional", "off"):
             raise ValueError(f"noise must be 'positional' or 'off', not {self.noise!r}")
